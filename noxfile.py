@@ -1,0 +1,233 @@
+"""Sessions for the whole monorepo.
+
+Packages are discovered from ``packages/*/pyproject.toml`` so adding a package never
+means editing this file. Torch is always pinned exactly: an open range pulls a
+multi-GB CUDA build from the index.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES_DIR = ROOT / "packages"
+TORCH_PIN = "torch==2.13.0"
+CANN_MATRIX = PACKAGES_DIR / "pypto-env" / "src" / "pypto_env" / "cann-matrix.toml"
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.default_venv_backend = "venv"
+
+
+def _pyproject(pkg_dir: Path) -> dict:
+    return tomllib.loads((pkg_dir / "pyproject.toml").read_text())
+
+
+def _packages() -> dict[str, Path]:
+    found = {}
+    for pp in sorted(PACKAGES_DIR.glob("*/pyproject.toml")):
+        name = _pyproject(pp.parent)["project"]["name"]
+        found[name] = pp.parent
+    return found
+
+
+def _req_name(req: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _local_closure(name: str, packages: dict[str, Path], extras: tuple[str, ...]) -> list[str]:
+    """Local packages ``name`` needs (with the given extras), in install order."""
+    seen: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(pkg: str, pkg_extras: tuple[str, ...]) -> None:
+        if pkg in seen or pkg in visiting:
+            return
+        visiting.add(pkg)
+        proj = _pyproject(packages[pkg])["project"]
+        reqs = list(proj.get("dependencies", []))
+        for extra in pkg_extras:
+            reqs += proj.get("optional-dependencies", {}).get(extra, [])
+        for req in reqs:
+            dep = _req_name(req)
+            if dep in packages:
+                dep_extras = re.search(r"\[([^\]]+)\]", req)
+                visit(dep, tuple(e.strip() for e in dep_extras.group(1).split(",")) if dep_extras else ())
+        seen.append(pkg)
+
+    visit(name, extras)
+    return seen
+
+
+def _needs_torch(names: list[str], packages: dict[str, Path]) -> bool:
+    for n in names:
+        proj = _pyproject(packages[n])["project"]
+        reqs = list(proj.get("dependencies", []))
+        for extra in proj.get("optional-dependencies", {}).values():
+            reqs += extra
+        if any(_req_name(r) == "torch" for r in reqs):
+            return True
+    return False
+
+
+def _install_local(session: nox.Session, names: list[str], packages: dict[str, Path], extras: dict[str, str]) -> None:
+    args = []
+    for n in names:
+        spec = str(packages[n])
+        if n in extras:
+            spec += f"[{extras[n]}]"
+        args += ["-e", spec]
+    session.install(*args)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    """Run pytest; "no tests collected" (exit 5) is a failure, never a silent pass."""
+    code = session.run("pytest", *paths, *session.posargs, success_codes=[0, 5])
+    if code == 5:
+        session.error(f"pytest collected no tests under {', '.join(paths)}")
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff over every package, the tools and the integration tests."""
+    if not _which("ruff"):
+        session.run("python", "-m", "pip", "install", "-q", "ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+def _which(cmd: str) -> bool:
+    from shutil import which
+
+    return which(cmd) is not None
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Every package and tests-integration on CPU, torch pinned to 2.13.0."""
+    packages = _packages()
+    session.install(TORCH_PIN)
+    names: list[str] = []
+    for n in packages:
+        for dep in _local_closure(n, packages, ("test",)):
+            if dep not in names:
+                names.append(dep)
+    _install_local(session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")})
+    paths = [str(packages[n] / "tests") for n in packages if (packages[n] / "tests").is_dir()]
+    paths.append("tests-integration")
+    _pytest(session, *paths)
+
+
+def _has_extra(pkg_dir: Path, extra: str) -> bool:
+    return extra in _pyproject(pkg_dir)["project"].get("optional-dependencies", {})
+
+
+@nox.session
+@nox.parametrize("name", list(_packages()))
+def package(session: nox.Session, name: str) -> None:
+    """One package alone in a fresh venv: proves its dependencies are narrow."""
+    packages = _packages()
+    names = _local_closure(name, packages, ("test",))
+    if _needs_torch(names, packages):
+        session.install(TORCH_PIN)
+    extras = {name: "test"} if _has_extra(packages[name], "test") else {}
+    _install_local(session, names, packages, extras)
+    session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
+    _pytest(session, str(packages[name] / "tests"))
+
+
+def _cann_rows() -> list[dict]:
+    if not CANN_MATRIX.exists():
+        return []
+    return tomllib.loads(CANN_MATRIX.read_text()).get("row", [])
+
+
+def _cann_ids() -> list[str]:
+    return sorted({row["cann"] for row in _cann_rows()}, reverse=True) or ["none"]
+
+
+@nox.session
+@nox.parametrize("version", _cann_ids())
+def cann(session: nox.Session, version: str) -> None:
+    """The tests on an Ascend NPU with the torch/torch_npu pinned for this CANN.
+
+    Skips (with the reason) unless this CANN version is the one installed here.
+    """
+    session.install("-e", str(PACKAGES_DIR / "pypto-env"))
+    detected = session.run(
+        "python", "-c", "from pypto_env import detect_cann; c = detect_cann(); print(c.version if c else '')",
+        silent=True,
+    ).strip()
+    if not detected:
+        session.skip("no CANN toolkit found (set ASCEND_HOME_PATH by sourcing CANN's set_env.sh)")
+    if detected != version:
+        session.skip(f"CANN {detected} is installed here, not {version}")
+    pins = session.run(
+        "python", "-c", f"from pypto_env import pins_for; p = pins_for({version!r}); print(p.torch, p.torch_npu)",
+        silent=True,
+    ).split()
+    session.install(f"torch=={pins[0]}", f"torch-npu=={pins[1]}")
+    packages = _packages()
+    names = [n for n in packages]
+    _install_local(session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")})
+    session.env["PYPTO_REQUIRE_NPU"] = "1"
+    paths = [str(packages[n] / "tests") for n in packages if (packages[n] / "tests").is_dir()]
+    _pytest(session, *paths, "tests-integration")
+
+
+@nox.session
+@nox.parametrize("hub", ["0.36.0", "2.4.0"])
+def download_hub(session: nox.Session, hub: str) -> None:
+    """pypto-download's tests at the oldest and newest supported huggingface_hub."""
+    packages = _packages()
+    names = _local_closure("pypto-download", packages, ("test",))
+    _install_local(session, names, packages, {"pypto-download": "test"})
+    session.install(f"huggingface_hub=={hub}")
+    _pytest(session, str(packages["pypto-download"] / "tests"))
+
+
+@nox.session
+@nox.parametrize("transformers", ["5.8.0", "5.24.0"])
+def transformers_range(session: nox.Session, transformers: str) -> None:
+    """Capture and bench tests at both ends of the supported transformers range."""
+    packages = _packages()
+    wanted = [n for n in ("pypto-capture", "pypto-bench") if n in packages]
+    names: list[str] = []
+    for n in wanted:
+        names += [d for d in _local_closure(n, packages, ("test",)) if d not in names]
+    session.install(TORCH_PIN)
+    _install_local(session, names, packages, {n: "test" for n in wanted})
+    session.install(f"transformers=={transformers}")
+    _pytest(session, *[str(packages[n] / "tests") for n in wanted])
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """sdist + wheel of every package into dist/, metadata checked with twine."""
+    session.install("build", "twine")
+    dist = ROOT / "dist"
+    dist.mkdir(exist_ok=True)
+    for name, path in _packages().items():
+        session.log(f"building {name}")
+        session.run("python", "-m", "build", "--outdir", str(dist), str(path))
+    session.run("twine", "check", "--strict", *[str(p) for p in sorted(dist.iterdir())])
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's main job on its embedded default: no network, no accelerator."""
+    packages = _packages()
+    session.install(TORCH_PIN)
+    names: list[str] = []
+    for n in packages:
+        names += [d for d in _local_closure(n, packages, ()) if d not in names]
+    _install_local(session, names, packages, {})
+    session.env.setdefault("PYPTO_DEMO_WORKDIR", os.environ.get("PYPTO_DEMO_WORKDIR", str(ROOT / ".nox" / "demo-work")))
+    if "pypto-e2e" in packages:
+        session.run("pypto-e2e", "demo", *session.posargs)
+    else:
+        session.run("python", str(ROOT / "tools" / "demo.py"), *session.posargs)
