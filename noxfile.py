@@ -56,7 +56,10 @@ def _local_closure(name: str, packages: dict[str, Path], extras: tuple[str, ...]
             dep = _req_name(req)
             if dep in packages:
                 dep_extras = re.search(r"\[([^\]]+)\]", req)
-                visit(dep, tuple(e.strip() for e in dep_extras.group(1).split(",")) if dep_extras else ())
+                visit(
+                    dep,
+                    tuple(e.strip() for e in dep_extras.group(1).split(",")) if dep_extras else (),
+                )
         seen.append(pkg)
 
     visit(name, extras)
@@ -74,7 +77,9 @@ def _needs_torch(names: list[str], packages: dict[str, Path]) -> bool:
     return False
 
 
-def _install_local(session: nox.Session, names: list[str], packages: dict[str, Path], extras: dict[str, str]) -> None:
+def _install_local(
+    session: nox.Session, names: list[str], packages: dict[str, Path], extras: dict[str, str]
+) -> None:
     args = []
     for n in names:
         spec = str(packages[n])
@@ -116,7 +121,9 @@ def tests(session: nox.Session) -> None:
         for dep in _local_closure(n, packages, ("test",)):
             if dep not in names:
                 names.append(dep)
-    _install_local(session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")})
+    _install_local(
+        session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")}
+    )
     paths = [str(packages[n] / "tests") for n in packages if (packages[n] / "tests").is_dir()]
     paths.append("tests-integration")
     _pytest(session, *paths)
@@ -159,7 +166,9 @@ def cann(session: nox.Session, version: str) -> None:
     """
     session.install("-e", str(PACKAGES_DIR / "pypto-env"))
     detected = session.run(
-        "python", "-c", "from pypto_env import detect_cann; c = detect_cann(); print(c.version if c else '')",
+        "python",
+        "-c",
+        "from pypto_env import detect_cann; c = detect_cann(); print(c.version if c else '')",
         silent=True,
     ).strip()
     if not detected:
@@ -167,13 +176,17 @@ def cann(session: nox.Session, version: str) -> None:
     if detected != version:
         session.skip(f"CANN {detected} is installed here, not {version}")
     pins = session.run(
-        "python", "-c", f"from pypto_env import pins_for; p = pins_for({version!r}); print(p.torch, p.torch_npu)",
+        "python",
+        "-c",
+        f"from pypto_env import pins_for; p = pins_for({version!r}); print(p.torch, p.torch_npu)",
         silent=True,
     ).split()
     session.install(f"torch=={pins[0]}", f"torch-npu=={pins[1]}")
     packages = _packages()
     names = [n for n in packages]
-    _install_local(session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")})
+    _install_local(
+        session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")}
+    )
     session.env["PYPTO_REQUIRE_NPU"] = "1"
     paths = [str(packages[n] / "tests") for n in packages if (packages[n] / "tests").is_dir()]
     _pytest(session, *paths, "tests-integration")
@@ -226,7 +239,9 @@ def demo(session: nox.Session) -> None:
     for n in packages:
         names += [d for d in _local_closure(n, packages, ()) if d not in names]
     _install_local(session, names, packages, {})
-    session.env.setdefault("PYPTO_DEMO_WORKDIR", os.environ.get("PYPTO_DEMO_WORKDIR", str(ROOT / ".nox" / "demo-work")))
+    session.env.setdefault(
+        "PYPTO_DEMO_WORKDIR", os.environ.get("PYPTO_DEMO_WORKDIR", str(ROOT / ".nox" / "demo-work"))
+    )
     if "pypto-e2e" in packages:
         session.run("pypto-e2e", "demo", *session.posargs)
     else:

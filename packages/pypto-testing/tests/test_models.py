@@ -2,10 +2,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pypto_testing.models import TINY_CONFIGS, make_tiny_model, read_config  # noqa: E402
+from pypto_testing.models import TINY_CONFIGS, make_tiny_model, read_config
 
 
 @pytest.mark.parametrize("arch", sorted(TINY_CONFIGS))
