@@ -166,7 +166,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
 
     match = next((r for r in ordered if agrees(r)), None)
     notes: list[str] = []
-    common = {
+    common: dict[str, Any] = {
         "cann": cann_info,
         "installed": installed,
         "recommended": recommended,
@@ -182,7 +182,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
         else:
             status, msg = (
                 "not-installed",
-                f"torch / torch_npu not installed; CANN {release} wants these",
+                f"torch / torch_npu not installed yet; the printed line installs the pair for CANN {release}",
             )
         return Diagnosis(EXIT_OK, status, msg, pins=match, notes=notes, **common)
 
