@@ -134,7 +134,7 @@ def _has_extra(pkg_dir: Path, extra: str) -> bool:
 
 
 @nox.session
-@nox.parametrize("name", list(_packages()))
+@nox.parametrize("name", list(_packages()), ids=list(_packages()))
 def package(session: nox.Session, name: str) -> None:
     """One package alone in a fresh venv: proves its dependencies are narrow."""
     packages = _packages()
@@ -158,7 +158,7 @@ def _cann_ids() -> list[str]:
 
 
 @nox.session
-@nox.parametrize("version", _cann_ids())
+@nox.parametrize("version", _cann_ids(), ids=_cann_ids())
 def cann(session: nox.Session, version: str) -> None:
     """The tests on an Ascend NPU with the torch/torch_npu pinned for this CANN.
 
@@ -193,7 +193,7 @@ def cann(session: nox.Session, version: str) -> None:
 
 
 @nox.session
-@nox.parametrize("hub", ["0.36.0", "2.4.0"])
+@nox.parametrize("hub", ["0.36.0", "2.4.0"], ids=["0.36.0", "2.4.0"])
 def download_hub(session: nox.Session, hub: str) -> None:
     """pypto-download's tests at the oldest and newest supported huggingface_hub."""
     packages = _packages()
@@ -204,7 +204,7 @@ def download_hub(session: nox.Session, hub: str) -> None:
 
 
 @nox.session
-@nox.parametrize("transformers", ["5.8.0", "5.24.0"])
+@nox.parametrize("transformers", ["5.8.0", "5.24.0"], ids=["5.8.0", "5.24.0"])
 def transformers_range(session: nox.Session, transformers: str) -> None:
     """Capture and bench tests at both ends of the supported transformers range."""
     packages = _packages()
