@@ -354,7 +354,7 @@ class _Plan:
 
 
 def _plan(root: Path, preset: Preset, *, in_place: bool) -> _Plan:
-    config, raw = _read_config(root)
+    config, _raw = _read_config(root)
     if preset.custom:
         present = {p.name[:-3] for p in root.iterdir() if p.name.endswith(".py")}
         placed = {d[:-3] for d in preset.files if d.endswith(".py") and "/" not in d}

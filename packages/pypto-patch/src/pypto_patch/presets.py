@@ -340,7 +340,7 @@ def discover_presets() -> Discovery:
             errors[ep.name] = str(err)
         except Exception as err:  # a model package failing to import must not break `list`
             errors[ep.name] = str(_fail(origin, f"loading it raised {type(err).__name__}: {err}"))
-    for name, msg in errors.items():
+    for msg in errors.values():
         log.warning("%s", msg)
     return Discovery(presets=presets, errors=errors)
 
