@@ -17,7 +17,13 @@ from importlib.metadata import entry_points
 from pathlib import PurePosixPath
 from typing import Any
 
-from .errors import PresetInvalidError, UnknownFamilyError, UnsafePathError
+from .errors import (
+    BadInputError,
+    PatchError,
+    PresetInvalidError,
+    UnknownFamilyError,
+    UnsafePathError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +166,9 @@ class Preset:
         }
 
 
-def _fail(origin: str, problem: str) -> PresetInvalidError:
+def _fail(origin: str, problem: str, *, custom: bool = False) -> PatchError:
+    if custom:
+        return BadInputError(f"{origin}: {problem}")
     return PresetInvalidError(
         f"invalid pypto-patch preset from {origin}: {problem} (fix or update that package)"
     )
@@ -175,19 +183,22 @@ def _validate(
     distribution_version: str | None,
     custom: bool = False,
 ) -> Preset:
+    def fail(origin: str, problem: str) -> PatchError:
+        return _fail(origin, problem, custom=custom)
+
     if not isinstance(data, Mapping):
         raise _fail(
             origin, f"expected a dict (or a callable returning one), got {type(data).__name__}"
         )
     unknown = sorted(set(data) - _KNOWN_KEYS)
     if unknown:
-        raise _fail(origin, f"unknown keys {unknown}; allowed: {sorted(_KNOWN_KEYS)}")
+        raise fail(origin, f"unknown keys {unknown}; allowed: {sorted(_KNOWN_KEYS)}")
     missing = sorted({"family", "version", "auto_map", "files"} - set(data))
     if missing and not custom:
-        raise _fail(origin, f"missing keys {missing}")
+        raise fail(origin, f"missing keys {missing}")
     family = data.get("family")
     if not isinstance(family, str) or not _FAMILY_RE.match(family):
-        raise _fail(origin, f"'family' must be a name like 'gemma4_31b_it', got {family!r}")
+        raise fail(origin, f"'family' must be a name like 'gemma4_31b_it', got {family!r}")
     if expected_family is not None and family != expected_family:
         raise _fail(
             origin,
@@ -195,14 +206,14 @@ def _validate(
         )
     version = data.get("version")
     if not isinstance(version, str) or not version.strip():
-        raise _fail(origin, f"'version' must be a non-empty string, got {version!r}")
+        raise fail(origin, f"'version' must be a non-empty string, got {version!r}")
     description = data.get("description", "")
     if not isinstance(description, str):
-        raise _fail(origin, "'description' must be a string")
+        raise fail(origin, "'description' must be a string")
 
     auto_map = data.get("auto_map")
-    if not isinstance(auto_map, Mapping) or not auto_map:
-        raise _fail(origin, "'auto_map' must be a non-empty dict of Auto class -> 'module.Class'")
+    if not isinstance(auto_map, Mapping) or (not auto_map and not custom):
+        raise fail(origin, "'auto_map' must be a non-empty dict of Auto class -> 'module.Class'")
     clean_map: dict[str, Any] = {}
     for key, value in auto_map.items():
         if not isinstance(key, str) or not re.match(r"^Auto[A-Za-z0-9]+$", key):
@@ -235,7 +246,7 @@ def _validate(
                 "auto_map must map 'AutoConfig' (the model classes' config_class comes from it)",
             )
         if not any(k.startswith("AutoModel") for k in clean_map):
-            raise _fail(origin, "auto_map must map at least one AutoModel* class")
+            raise fail(origin, "auto_map must map at least one AutoModel* class")
         if _MULTIMODAL_KEYS & set(clean_map) and "AutoModelForCausalLM" not in clean_map:
             raise _fail(
                 origin,
@@ -244,13 +255,15 @@ def _validate(
 
     files = data.get("files", {})
     if not isinstance(files, Mapping) or (not files and not custom):
-        raise _fail(origin, "'files' must be a non-empty dict of destination -> file text")
+        raise fail(origin, "'files' must be a non-empty dict of destination -> file text")
     clean_files: dict[str, bytes] = {}
     for dest, content in files.items():
         try:
             norm = normalize_dest(dest, what="file destination")
         except UnsafePathError as err:
-            raise _fail(origin, str(err)) from None
+            if custom:
+                raise
+            raise fail(origin, str(err)) from None
         if isinstance(content, str):
             content = content.encode("utf-8")
         if not isinstance(content, bytes):
@@ -259,7 +272,7 @@ def _validate(
                 f"files[{dest!r}] must be the file's text (str), got {type(content).__name__}",
             )
         if norm in clean_files:
-            raise _fail(origin, f"files lists {norm!r} twice")
+            raise fail(origin, f"files lists {norm!r} twice")
         clean_files[norm] = content
     if not custom:
         placed = {d[:-3] for d in clean_files if d.endswith(".py") and "/" not in d}
@@ -287,7 +300,7 @@ def custom_preset(
     """A preset built from --auto-map/--copy flags; looser rules (it may map only some classes)."""
     return _validate(
         {"family": name, "version": "custom", "auto_map": dict(auto_map), "files": dict(files)},
-        origin="--auto-map/--copy flags",
+        origin="custom mode (--auto-map/--copy)",
         expected_family=None,
         distribution=None,
         distribution_version=None,
