@@ -398,3 +398,13 @@ def test_copytree_of_patched_folder_is_detected_as_patched(hf_folder: Path, tmp_
     st = pp.status(clone)
     assert st.patched
     assert st.intact
+
+
+def test_bad_second_preset_leaves_the_first_patch_in_place(hf_folder: Path, snap, tmp_path: Path):
+    pp.apply(hf_folder, family="tinytest")
+    (hf_folder / "extras").rename(tmp_path / "moved")
+    (hf_folder / "extras").write_text("now a file")  # tinytest_alt needs extras/ to be a folder
+    patched = snap(hf_folder)
+    with pytest.raises(UnsafePathError):
+        pp.apply(hf_folder, family="tinytest_alt")
+    assert snap(hf_folder) == patched

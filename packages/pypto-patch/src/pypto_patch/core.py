@@ -353,7 +353,9 @@ class _Plan:
     created_dirs: list[str]
 
 
-def _plan(root: Path, preset: Preset, *, in_place: bool) -> _Plan:
+def _plan(
+    root: Path, preset: Preset, *, in_place: bool, known_backups: frozenset[str] = frozenset()
+) -> _Plan:
     config, _raw = _read_config(root)
     if preset.custom:
         present = {p.name[:-3] for p in root.iterdir() if p.name.endswith(".py")}
@@ -388,7 +390,7 @@ def _plan(root: Path, preset: Preset, *, in_place: bool) -> _Plan:
                 )
                 return
             backup = f"{rel}{BACKUP_SUFFIX}"
-            if in_place and os.path.lexists(root / backup):
+            if in_place and backup not in known_backups and os.path.lexists(root / backup):
                 raise BadInputError(
                     f"{root / backup} already exists but no pypto-patch manifest records it (left by an older patch script?); "
                     "move it back over the original or away, then retry"
@@ -579,6 +581,10 @@ def apply(
                     chosen.version,
                 )
                 return res
+            # Validate the new plan before touching anything: bad input must leave the
+            # folder as it is (still patched), not restored.
+            ours = frozenset(f["backup"] for f in manifest["files"] if f.get("backup"))
+            _plan(root, chosen, in_place=True, known_backups=ours)
             log.info(
                 "%s is patched with %s: restoring it first", root, manifest["preset"]["family"]
             )
