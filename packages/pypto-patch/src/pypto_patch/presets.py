@@ -1,0 +1,380 @@
+"""Presets: what a model family's patch writes, discovered from installed packages.
+
+A model package registers a preset under the entry-point group ``pypto.model_families``
+(see the README for the dict format). pypto-patch names no family itself: installing
+``pypto-models-<family>`` is what makes ``--model-family <family>`` available.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import (
+    BadInputError,
+    PatchError,
+    PresetInvalidError,
+    UnknownFamilyError,
+    UnsafePathError,
+)
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "pypto.model_families"
+
+#: Names pypto-patch owns inside a model folder; no preset or --copy may target them.
+MANIFEST_NAME = ".pypto_patch.json"
+JOURNAL_NAME = ".pypto_patch.journal.json"
+BACKUP_SUFFIX = ".pypto_orig"
+EDITED_SUFFIX = ".pypto_edited"
+TMP_SUFFIX = ".pypto_tmp"
+_RESERVED_SUFFIXES = (BACKUP_SUFFIX, EDITED_SUFFIX, TMP_SUFFIX)
+_RESERVED_NAMES = {"config.json", MANIFEST_NAME, JOURNAL_NAME}
+
+_FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# transformers splits a class reference on exactly one dot: "<module file stem>.<Class>".
+_CLASS_REF_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
+_KNOWN_KEYS = {"family", "version", "description", "auto_map", "files"}
+# Loading classes a multimodal preset tends to map alone; a causal-LM load would then
+# silently fall back to the folder's own (remote or native) class.
+_MULTIMODAL_KEYS = {"AutoModelForImageTextToText", "AutoModelForVision2Seq"}
+
+
+def normalize_dest(dest: str, *, what: str = "destination") -> str:
+    """Return ``dest`` as a clean relative POSIX path inside the folder, or raise.
+
+    Why strict: a destination is joined onto a folder of tens of GB the user cannot
+    download again, so anything that could land outside it (``..``, absolute paths,
+    drive letters, backslashes) or on a file pypto-patch owns is refused up front.
+    """
+    if not isinstance(dest, str) or not dest or "\x00" in dest:
+        raise UnsafePathError(f"{what} {dest!r} is empty or not a string")
+    if "\\" in dest or dest.startswith("/") or re.match(r"^[A-Za-z]:", dest):
+        raise UnsafePathError(
+            f"{what} {dest!r} is absolute; give a path relative to the model folder"
+        )
+    parts = PurePosixPath(dest).parts
+    if (
+        any(p in ("..", ".") for p in dest.split("/"))
+        or not parts
+        or any(not p for p in dest.split("/"))
+    ):
+        raise UnsafePathError(
+            f"{what} {dest!r} escapes or is not a plain path inside the model folder; use a relative path like 'sub/file.py'"
+        )
+    norm = "/".join(parts)
+    name = parts[-1]
+    if (
+        norm in _RESERVED_NAMES
+        or name in (MANIFEST_NAME, JOURNAL_NAME)
+        or name.endswith(_RESERVED_SUFFIXES)
+    ):
+        raise UnsafePathError(
+            f"{what} {dest!r} is a file pypto-patch manages itself (config.json is changed only through auto_map)"
+        )
+    return norm
+
+
+def parse_class_ref(value: str) -> tuple[str, str] | None:
+    """Split ``"modeling_x.Class"`` into (module stem, class); None if it is not that shape."""
+    m = _CLASS_REF_RE.match(value) if isinstance(value, str) else None
+    return (m.group(1), m.group(2)) if m else None
+
+
+def auto_map_modules(auto_map: Mapping[str, Any]) -> set[str]:
+    """Module stems an ``auto_map`` makes transformers import from the folder.
+
+    Values are "module.Class" or, for tokenizers, a [slow, fast] list with nulls;
+    references into another repo ("repo--module.Class") are not local and skipped.
+    """
+    stems: set[str] = set()
+    for value in auto_map.values():
+        refs = value if isinstance(value, list) else [value]
+        for ref in refs:
+            if isinstance(ref, str) and "--" not in ref:
+                parsed = parse_class_ref(ref)
+                if parsed:
+                    stems.add(parsed[0])
+    return stems
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A validated patch recipe: the auto_map to merge and the files to place.
+
+    ``files`` maps a destination (relative to the model folder) to its exact bytes.
+    ``distribution`` names the installed package it came from (None when built in code).
+    """
+
+    family: str
+    version: str
+    auto_map: Mapping[str, Any]
+    files: Mapping[str, bytes]
+    description: str = ""
+    distribution: str | None = None
+    distribution_version: str | None = None
+    custom: bool = field(default=False, compare=False)
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        origin: str = "preset passed in code",
+        expected_family: str | None = None,
+        distribution: str | None = None,
+        distribution_version: str | None = None,
+    ) -> Preset:
+        """Validate a contract-A dict (see README) and build a Preset; one-line errors name ``origin``."""
+        return _validate(
+            data,
+            origin=origin,
+            expected_family=expected_family,
+            distribution=distribution,
+            distribution_version=distribution_version,
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of what this preset writes: same fingerprint, same patch (re-apply is a no-op)."""
+        doc = {
+            "family": self.family,
+            "version": self.version,
+            "auto_map": self.auto_map,
+            "files": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(self.files.items())},
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+    def to_summary(self) -> dict[str, Any]:
+        """JSON-able description (no file contents) for ``list``/``status``/manifests."""
+        return {
+            "family": self.family,
+            "version": self.version,
+            "description": self.description,
+            "distribution": self.distribution,
+            "distribution_version": self.distribution_version,
+            "auto_map": dict(self.auto_map),
+            "files": sorted(self.files),
+            "custom": self.custom,
+        }
+
+
+def _fail(origin: str, problem: str, *, custom: bool = False) -> PatchError:
+    if custom:
+        return BadInputError(f"{origin}: {problem}")
+    return PresetInvalidError(
+        f"invalid pypto-patch preset from {origin}: {problem} (fix or update that package)"
+    )
+
+
+def _validate(
+    data: Any,
+    *,
+    origin: str,
+    expected_family: str | None,
+    distribution: str | None,
+    distribution_version: str | None,
+    custom: bool = False,
+) -> Preset:
+    def fail(origin: str, problem: str) -> PatchError:
+        return _fail(origin, problem, custom=custom)
+
+    if not isinstance(data, Mapping):
+        raise _fail(
+            origin, f"expected a dict (or a callable returning one), got {type(data).__name__}"
+        )
+    unknown = sorted(set(data) - _KNOWN_KEYS)
+    if unknown:
+        raise fail(origin, f"unknown keys {unknown}; allowed: {sorted(_KNOWN_KEYS)}")
+    missing = sorted({"family", "version", "auto_map", "files"} - set(data))
+    if missing and not custom:
+        raise fail(origin, f"missing keys {missing}")
+    family = data.get("family")
+    if not isinstance(family, str) or not _FAMILY_RE.match(family):
+        raise fail(origin, f"'family' must be a name like 'gemma4_31b_it', got {family!r}")
+    if expected_family is not None and family != expected_family:
+        raise _fail(
+            origin,
+            f"'family' is {family!r} but the entry point is named {expected_family!r}; they must match",
+        )
+    version = data.get("version")
+    if not isinstance(version, str) or not version.strip():
+        raise fail(origin, f"'version' must be a non-empty string, got {version!r}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise fail(origin, "'description' must be a string")
+
+    auto_map = data.get("auto_map")
+    if not isinstance(auto_map, Mapping) or (not auto_map and not custom):
+        raise fail(origin, "'auto_map' must be a non-empty dict of Auto class -> 'module.Class'")
+    clean_map: dict[str, Any] = {}
+    for key, value in auto_map.items():
+        if not isinstance(key, str) or not re.match(r"^Auto[A-Za-z0-9]+$", key):
+            raise _fail(
+                origin,
+                f"auto_map key {key!r} is not an Auto class name like 'AutoModelForCausalLM'",
+            )
+        refs = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and (len(value) != 2 or all(r is None for r in value)):
+            raise _fail(
+                origin, f"auto_map[{key!r}] list must be [slow, fast] with at least one class"
+            )
+        for ref in refs:
+            if ref is None and isinstance(value, list):
+                continue
+            if isinstance(ref, str) and "--" in ref:
+                raise _fail(
+                    origin,
+                    f"auto_map[{key!r}] = {ref!r} points at code in another repository; presets must place their code",
+                )
+            if parse_class_ref(ref) is None:
+                raise _fail(
+                    origin, f"auto_map[{key!r}] = {ref!r} is not 'module_file_stem.ClassName'"
+                )
+        clean_map[key] = list(value) if isinstance(value, list) else value
+    if not custom:
+        if "AutoConfig" not in clean_map:
+            raise _fail(
+                origin,
+                "auto_map must map 'AutoConfig' (the model classes' config_class comes from it)",
+            )
+        if not any(k.startswith("AutoModel") for k in clean_map):
+            raise fail(origin, "auto_map must map at least one AutoModel* class")
+        if _MULTIMODAL_KEYS & set(clean_map) and "AutoModelForCausalLM" not in clean_map:
+            raise _fail(
+                origin,
+                "auto_map maps an image-text Auto class but not 'AutoModelForCausalLM'; a causal-LM load would ignore the preset",
+            )
+
+    files = data.get("files", {})
+    if not isinstance(files, Mapping) or (not files and not custom):
+        raise fail(origin, "'files' must be a non-empty dict of destination -> file text")
+    clean_files: dict[str, bytes] = {}
+    for dest, content in files.items():
+        try:
+            norm = normalize_dest(dest, what="file destination")
+        except UnsafePathError as err:
+            if custom:
+                raise
+            raise fail(origin, str(err)) from None
+        if isinstance(content, str):
+            content = content.encode("utf-8")
+        if not isinstance(content, bytes):
+            raise _fail(
+                origin,
+                f"files[{dest!r}] must be the file's text (str), got {type(content).__name__}",
+            )
+        if norm in clean_files:
+            raise fail(origin, f"files lists {norm!r} twice")
+        clean_files[norm] = content
+    if not custom:
+        placed = {d[:-3] for d in clean_files if d.endswith(".py") and "/" not in d}
+        for stem in sorted(auto_map_modules(clean_map)):
+            if stem not in placed:
+                raise _fail(
+                    origin,
+                    f"auto_map names module {stem!r} but 'files' does not place '{stem}.py' at the folder top level",
+                )
+    return Preset(
+        family=family,
+        version=version,
+        auto_map=clean_map,
+        files=clean_files,
+        description=description,
+        distribution=distribution,
+        distribution_version=distribution_version,
+        custom=custom,
+    )
+
+
+def custom_preset(
+    auto_map: Mapping[str, Any], files: Mapping[str, bytes], *, name: str = "custom"
+) -> Preset:
+    """A preset built from --auto-map/--copy flags; looser rules (it may map only some classes)."""
+    return _validate(
+        {"family": name, "version": "custom", "auto_map": dict(auto_map), "files": dict(files)},
+        origin="custom mode (--auto-map/--copy)",
+        expected_family=None,
+        distribution=None,
+        distribution_version=None,
+        custom=True,
+    )
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """Result of scanning installed packages: valid presets and per-family problems."""
+
+    presets: dict[str, Preset]
+    errors: dict[str, str]
+
+
+def discover_presets() -> Discovery:
+    """Load every ``pypto.model_families`` entry point; a broken one never hides the others."""
+    presets: dict[str, Preset] = {}
+    errors: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        dist_name = dist.metadata["Name"] if dist is not None else None
+        dist_version = dist.version if dist is not None else None
+        ident = (ep.value, dist_name or "?")
+        if ep.name in seen:
+            if seen[ep.name] == ident:
+                continue  # the same distribution found twice on sys.path
+            errors[ep.name] = str(
+                PresetInvalidError(
+                    f"family {ep.name!r} is registered by two packages ({seen[ep.name][1]} and {ident[1]}); uninstall one"
+                )
+            )
+            presets.pop(ep.name, None)
+            continue
+        seen[ep.name] = ident
+        origin = f"package {dist_name or '?'} (entry point {ep.name} = {ep.value})"
+        try:
+            obj: Any = ep.load()
+            if callable(obj) and not isinstance(obj, Mapping):
+                obj = obj()
+            presets[ep.name] = _validate(
+                obj,
+                origin=origin,
+                expected_family=ep.name,
+                distribution=dist_name,
+                distribution_version=dist_version,
+            )
+        except PresetInvalidError as err:
+            errors[ep.name] = str(err)
+        except Exception as err:  # a model package failing to import must not break `list`
+            errors[ep.name] = str(_fail(origin, f"loading it raised {type(err).__name__}: {err}"))
+    for msg in errors.values():
+        log.warning("%s", msg)
+    return Discovery(presets=presets, errors=errors)
+
+
+def list_presets() -> list[Preset]:
+    """Valid installed presets, sorted by family name."""
+    found = discover_presets().presets
+    return [found[k] for k in sorted(found)]
+
+
+def get_preset(family: str) -> Preset:
+    """The installed preset for ``family``; typed errors list what is installed."""
+    found = discover_presets()
+    if family in found.errors:
+        raise PresetInvalidError(found.errors[family])
+    if family not in found.presets:
+        known = ", ".join(sorted(found.presets)) or "none installed"
+        raise UnknownFamilyError(
+            f"unknown model family {family!r} (known: {known}); install the package pypto-models-<family> that provides it"
+        )
+    return found.presets[family]
+
+
+PresetFactory = Callable[[], Mapping[str, Any]]

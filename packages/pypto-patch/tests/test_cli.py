@@ -1,0 +1,103 @@
+"""The CLI as a shell sees it: one stdout line, one-line errors, documented exit codes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+
+def test_bare_form_prints_only_the_export_line(hf_folder: Path, run_cli, tmp_path: Path):
+    p = run_cli("--model-family", "tinytest", "--model-path", str(hf_folder))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == [f"export MODEL_PATH={shlex.quote(str(hf_folder))}"]
+    assert "applied: tinytest" in p.stderr
+
+
+def test_relative_model_path_exports_absolute_path(hf_folder: Path, run_cli):
+    p = run_cli(
+        "apply", "--model-family", "tinytest", "--model-path", hf_folder.name, cwd=hf_folder.parent
+    )
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == f"export MODEL_PATH={shlex.quote(str(hf_folder))}"
+
+
+def test_json_status_restore_list(hf_folder: Path, run_cli):
+    p = run_cli("status", "--model-path", str(hf_folder), "--json")
+    assert p.returncode == 10
+    assert json.loads(p.stdout)["patched"] is False
+    p = run_cli("apply", "--model-family", "tinytest", "--model-path", str(hf_folder), "--json")
+    doc = json.loads(p.stdout)
+    assert doc["action"] == "applied"
+    assert doc["family"] == "tinytest"
+    p = run_cli("status", "--model-path", str(hf_folder), "--json")
+    assert p.returncode == 0
+    assert json.loads(p.stdout)["intact"] is True
+    (hf_folder / "modeling_tinytest.py").write_text("# edited")
+    p = run_cli("status", "--model-path", str(hf_folder))
+    assert p.returncode == 11
+    assert "changed since: modeling_tinytest.py" in p.stderr
+    p = run_cli("restore", "--model-path", str(hf_folder))
+    assert p.returncode == 11
+    assert p.stderr.count("\n") == 1
+    assert "--force" in p.stderr
+    p = run_cli("restore", "--model-path", str(hf_folder), "--force", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["kept_aside"] == {
+        "modeling_tinytest.py": "modeling_tinytest.py.pypto_edited"
+    }
+    p = run_cli("list", "--json")
+    assert p.returncode == 0
+    fams = [x["family"] for x in json.loads(p.stdout)["presets"]]
+    assert fams == ["tinytest", "tinytest_alt"]
+
+
+def test_custom_mode_and_dry_run(hf_folder: Path, run_cli, tmp_path: Path):
+    (tmp_path / "modeling_mine.py").write_text("class M: pass\n")
+    args = [
+        "--model-path", str(hf_folder),
+        "--auto-map", "AutoModelForCausalLM=modeling_mine.M",
+        "--copy", "modeling_mine.py=modeling_mine.py",
+        "--source-root", str(tmp_path),
+    ]  # fmt: skip
+    p = run_cli(*args, "--dry-run")
+    assert p.returncode == 0
+    assert p.stdout == ""
+    assert "created   modeling_mine.py" in p.stderr
+    assert not (hf_folder / "modeling_mine.py").exists()
+    p = run_cli(*args)
+    assert p.returncode == 0, p.stderr
+    assert (hf_folder / "modeling_mine.py").exists()
+
+
+def test_errors_are_one_line_with_exit_codes(hf_folder: Path, run_cli, tmp_path: Path):
+    cases = [
+        (["--model-family", "nope", "--model-path", str(hf_folder)], 2, "known: tinytest"),
+        (["--model-family", "tinytest", "--model-path", str(tmp_path / "x")], 2, "does not exist"),
+        (
+            [
+                "--model-family",
+                "tinytest",
+                "--auto-map",
+                "AutoConfig=c.C",
+                "--model-path",
+                str(hf_folder),
+            ],
+            2,
+            "not both",
+        ),
+        (["--auto-map", "oops", "--model-path", str(hf_folder)], 2, "KEY=VALUE"),
+        (["restore", "--model-path", str(hf_folder)], 10, "not patched"),
+        (["apply"], 2, "--model-path"),
+    ]
+    for args, code, needle in cases:
+        p = run_cli(*args)
+        assert p.returncode == code, (args, p.stderr)
+        assert needle in p.stderr, (args, p.stderr)
+        assert p.stdout == ""
+        if code != 2 or args[0] != "apply":
+            assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    (hf_folder / "config.json").write_text('{"a": 1,,}')
+    p = run_cli("--model-family", "tinytest", "--model-path", str(hf_folder))
+    assert p.returncode == 2
+    assert "line 1, column 9" in p.stderr

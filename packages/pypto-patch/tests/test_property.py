@@ -1,0 +1,124 @@
+"""Property: over random folder contents and config.json values, apply + restore never
+loses or corrupts a byte, and apply changes exactly what the plan says."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pypto_patch as pp
+from pypto_patch.presets import auto_map_modules
+
+NAMES = st.one_of(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-.", min_size=1, max_size=12),
+    st.sampled_from(
+        ["modeling_tinytest.py", "configuration_tinytest.py", "extras", "model.safetensors"]
+    ),
+).filter(
+    lambda n: (
+        n not in (".", "..", "config.json") and not n.startswith(".pypto") and "pypto_" not in n
+    )
+)
+
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+CONFIGS = st.dictionaries(
+    st.text(max_size=10).filter(lambda k: k != "auto_map"), JSON_VALUES, max_size=6
+)
+AUTO_MAPS = st.dictionaries(
+    st.sampled_from(
+        ["AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoTokenizer", "AutoProcessor"]
+    ),
+    st.sampled_from(["modeling_remote.X", "configuration_remote.C", "tokenization_remote.T"]),
+    max_size=4,
+)
+FOLDERS = st.dictionaries(
+    st.lists(NAMES, min_size=1, max_size=3).map("/".join), st.binary(max_size=200), max_size=8
+)
+
+
+def _write(root: Path, files: dict[str, bytes], config_bytes: bytes, modes: list[int]) -> bool:
+    root.mkdir()
+    for i, (rel, data) in enumerate(sorted(files.items())):
+        target = root / rel
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                return False
+            target.write_bytes(data)
+            os.chmod(target, modes[i % len(modes)])
+        except (NotADirectoryError, FileExistsError, IsADirectoryError):
+            return False  # a path used both as file and folder: not a real folder layout
+    (root / "config.json").write_bytes(config_bytes)
+    return True
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    files=FOLDERS,
+    config=CONFIGS,
+    auto_map=st.one_of(st.none(), AUTO_MAPS),
+    family=st.sampled_from(["tinytest", "tinytest_alt"]),
+    indent=st.sampled_from([None, 2, 4]),
+    modes=st.lists(st.sampled_from([0o644, 0o600, 0o755, 0o444]), min_size=1, max_size=3),
+    overlay=st.booleans(),
+)
+def test_apply_restore_never_loses_a_byte(
+    snap, files, config, auto_map, family, indent, modes, overlay
+):
+    cfg = dict(config)
+    if auto_map is not None:
+        cfg["auto_map"] = auto_map
+    config_bytes = json.dumps(cfg, indent=indent).encode()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "m"
+        if not _write(root, files, config_bytes, modes):
+            return
+        before = snap(root)
+        preset = pp.get_preset(family)
+        out = Path(tmp) / "ov" if overlay else None
+        try:
+            res = pp.apply(root, family=family, output_dir=out)
+        except pp.UnsafePathError:
+            # the random folder has a file where the preset needs a folder (or vice versa)
+            assert snap(root) == before
+            return
+        target = out if overlay else root
+        new_cfg = json.loads((target / "config.json").read_text())
+        assert {k: v for k, v in new_cfg.items() if k != "auto_map"} == {
+            k: v for k, v in cfg.items() if k != "auto_map"
+        }
+        assert new_cfg["auto_map"] == {**(auto_map or {}), **preset.auto_map}
+        assert auto_map_modules(preset.auto_map) <= {p[:-3] for p in preset.files}
+        for rel, data in preset.files.items():
+            assert (target / rel).read_bytes() == data
+        # every original file is still readable with its bytes, through the overlay too
+        for rel, entry in before.items():
+            if entry[0] == "file" and rel not in preset.files and rel != "config.json":
+                assert (target / rel).read_bytes() == (root / rel).read_bytes()
+        if overlay:
+            assert snap(root) == before
+            assert res.mode == "overlay"
+        else:
+            assert pp.apply(root, family=family).action == "unchanged"
+            pp.restore(root)
+            assert snap(root) == before
