@@ -522,17 +522,19 @@ class _TotalBar:
 
 
 # ---------------------------------------------------------------------- cleanup
-def _has_downloaded_data(out: Path) -> bool:
-    """Anything worth keeping for a resume: a real file, or a non-empty partial one."""
+def _files_in(out: Path) -> set[str]:
     if not out.is_dir():
-        return False
-    for p in out.rglob("*"):
-        if not p.is_file():
-            continue
-        rel = p.relative_to(out).parts
-        if rel[0] != ".cache":
+        return set()
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+
+
+def _has_downloaded_data(out: Path, before: set[str] = frozenset()) -> bool:  # type: ignore[assignment]
+    """Anything we wrote worth keeping for a resume: a file that was not there
+    before, or a non-empty partial one."""
+    for rel in _files_in(out) - before:
+        if not rel.startswith(".cache/"):
             return True
-        if p.name.endswith(".incomplete") and p.stat().st_size > 0:
+        if rel.endswith(".incomplete") and (out / rel).stat().st_size > 0:
             return True
     return False
 
@@ -662,6 +664,7 @@ def fetch(
 
     # ---- download (from here on we may change the disk; undo if we leave nothing useful)
     cache_existed = (out / ".cache").exists()
+    before = _files_in(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -696,8 +699,9 @@ def fetch(
             typed = ctx.classify(err)
             raise (typed or OutputPathError(f"cannot write the manifest in {out}: {err.strerror}")) from err
     except BaseException as exc:
-        _cleanup_after_failure(out, first_missing, cache_existed)
-        if isinstance(exc, DownloadError) and out.exists() and _has_downloaded_data(out):
+        kept = _has_downloaded_data(out, before)
+        _cleanup_after_failure(out, first_missing, cache_existed, kept)
+        if isinstance(exc, DownloadError) and kept:
             exc.args = (f"{exc.args[0]} (partial download kept in {out}: re-run the same command to resume)",)
         raise
     return result
@@ -823,14 +827,14 @@ def _download_files(
     result.refetched.sort()
 
 
-def _cleanup_after_failure(out: Path, first_missing: Path | None, cache_existed: bool) -> None:
+def _cleanup_after_failure(out: Path, first_missing: Path | None, cache_existed: bool, kept: bool) -> None:
     """Leave no empty folder behind: remove what we created if it holds nothing useful.
 
     A folder that existed before keeps all its content; only a ``.cache`` folder we
     created there, with no partial data in it, goes.
     """
     try:
-        if _has_downloaded_data(out):
+        if kept:
             return
         if first_missing is not None:
             shutil.rmtree(first_missing, ignore_errors=True)
