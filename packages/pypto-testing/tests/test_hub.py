@@ -58,7 +58,9 @@ def test_hf_hub_download_revisions_and_tags(hub, tmp_path):
     hub.add_repo("org/rev", {"a.txt": b"dev"}, revision="dev")
     assert first != second
     get = lambda rev, d: Path(  # noqa: E731
-        hf_hub_download("org/rev", "a.txt", revision=rev, endpoint=hub.endpoint, local_dir=tmp_path / d)
+        hf_hub_download(
+            "org/rev", "a.txt", revision=rev, endpoint=hub.endpoint, local_dir=tmp_path / d
+        )
     ).read_bytes()
     assert get("main", "m") == b"two"
     assert get("v1", "t") == b"one"
@@ -81,7 +83,8 @@ def test_listing_metadata(hub):
     assert set(files) == set(_files())
     assert files["config.json"].blob_id == git_blob_sha1(_files()["config.json"])
     top = [e.path for e in api.list_repo_tree("org/tiny")]
-    assert "cfg" in top and "cfg/f00.json" not in top
+    assert "cfg" in top
+    assert "cfg/f00.json" not in top
     sub = [e.path for e in api.list_repo_tree("org/tiny", path_in_repo="cfg")]
     assert len(sub) == 7
 
@@ -99,14 +102,24 @@ def test_resolve_headers_and_ranges(hub):
     resp, _ = _raw(hub, "HEAD", "/org/tiny/resolve/main/config.json")
     assert resp.getheader("ETag") == f'"{git_blob_sha1(_files()["config.json"])}"'
     assert resp.getheader("X-Linked-Etag") is None
-    resp, body = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=100-199"})
-    assert resp.status == 206 and body == WEIGHTS[100:200]
+    resp, body = _raw(
+        hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=100-199"}
+    )
+    assert resp.status == 206
+    assert body == WEIGHTS[100:200]
     assert resp.getheader("Content-Range") == f"bytes 100-199/{len(WEIGHTS)}"
-    resp, body = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=307000-"})
-    assert resp.status == 206 and body == WEIGHTS[307000:]
-    resp, body = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=-10"})
+    resp, body = _raw(
+        hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=307000-"}
+    )
+    assert resp.status == 206
+    assert body == WEIGHTS[307000:]
+    resp, body = _raw(
+        hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": "bytes=-10"}
+    )
     assert body == WEIGHTS[-10:]
-    resp, _ = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": f"bytes={len(WEIGHTS)}-"})
+    resp, _ = _raw(
+        hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": f"bytes={len(WEIGHTS)}-"}
+    )
     assert resp.status == 416
 
 
@@ -147,13 +160,19 @@ def test_gated_repo(hub, tmp_path):
     assert info.gated == "manual"
     resp, _ = _raw(hub, "HEAD", "/org/gated/resolve/main/config.json")
     assert (resp.status, resp.getheader("X-Error-Code")) == (401, "GatedRepo")
-    resp, _ = _raw(hub, "HEAD", "/org/gated/resolve/main/config.json", {"Authorization": "Bearer hf_wrong"})
+    resp, _ = _raw(
+        hub, "HEAD", "/org/gated/resolve/main/config.json", {"Authorization": "Bearer hf_wrong"}
+    )
     assert (resp.status, resp.getheader("X-Error-Code")) == (403, "GatedRepo")
     from huggingface_hub import errors
 
     with pytest.raises(errors.GatedRepoError):
-        hf_hub_download("org/gated", "config.json", endpoint=hub.endpoint, local_dir=tmp_path, token="hf_wrong")
-    path = hf_hub_download("org/gated", "config.json", endpoint=hub.endpoint, local_dir=tmp_path, token="hf_right")
+        hf_hub_download(
+            "org/gated", "config.json", endpoint=hub.endpoint, local_dir=tmp_path, token="hf_wrong"
+        )
+    path = hf_hub_download(
+        "org/gated", "config.json", endpoint=hub.endpoint, local_dir=tmp_path, token="hf_right"
+    )
     assert Path(path).read_bytes() == _files()["config.json"]
     assert any(r.authorized for r in hub.requests)
 
@@ -161,7 +180,7 @@ def test_gated_repo(hub, tmp_path):
 def test_drop_after_then_resume_sends_the_rest_only(hub, tmp_path):
     hub.add_repo("org/tiny", _files())
     hub.drop_after("model.safetensors", 100_000)
-    resp, body = _raw(hub, "GET", "/org/tiny/resolve/main/config.json")
+    resp, _body = _raw(hub, "GET", "/org/tiny/resolve/main/config.json")
     assert resp.status == 200  # other files unaffected
     conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=10)
     conn.request("GET", "/org/tiny/resolve/main/model.safetensors")
@@ -172,7 +191,9 @@ def test_drop_after_then_resume_sends_the_rest_only(hub, tmp_path):
     got = info.value.partial
     assert got == WEIGHTS[:100_000]
     conn.close()
-    resp, rest = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": f"bytes={len(got)}-"})
+    resp, rest = _raw(
+        hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": f"bytes={len(got)}-"}
+    )
     assert got + rest == WEIGHTS
     assert hub.bytes_sent(file_path="model.safetensors") == len(WEIGHTS)  # nothing sent twice
 
@@ -186,14 +207,19 @@ def test_drop_after_with_real_client_bounded_bytes(hub, tmp_path):
     except Exception:
         hf_hub_download("org/tiny", "model.safetensors", endpoint=hub.endpoint, local_dir=out)
     assert (out / "model.safetensors").read_bytes() == WEIGHTS
-    assert len(WEIGHTS) <= hub.bytes_sent(file_path="model.safetensors", method="GET") <= len(WEIGHTS) + 100_000
+    assert (
+        len(WEIGHTS)
+        <= hub.bytes_sent(file_path="model.safetensors", method="GET")
+        <= len(WEIGHTS) + 100_000
+    )
 
 
 def test_corrupt_flips_one_byte_once(hub):
     hub.add_repo("org/tiny", _files())
     hub.corrupt("model.safetensors", offset=5)
     _, bad = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors")
-    assert len(bad) == len(WEIGHTS) and bad != WEIGHTS
+    assert len(bad) == len(WEIGHTS)
+    assert bad != WEIGHTS
     assert [i for i in range(len(bad)) if bad[i] != WEIGHTS[i]] == [5]
     _, good = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors")
     assert good == WEIGHTS
@@ -214,9 +240,8 @@ def test_fail_next_and_request_log(hub):
 def test_offline_and_restart_same_port(hub, tmp_path):
     hub.add_repo("org/tiny", _files())
     port = hub.port
-    with hub.offline():
-        with pytest.raises(OSError):
-            _raw(hub, "GET", "/api/models/org/tiny")
+    with hub.offline(), pytest.raises(OSError):
+        _raw(hub, "GET", "/api/models/org/tiny")
     assert hub.port == port
     assert _raw(hub, "GET", "/api/models/org/tiny")[0].status == 200
 
@@ -230,7 +255,8 @@ def test_add_repo_from_folder_and_root(tmp_path):
         hub.add_repo("solo", src)  # a legacy one-segment id
         files = hub.files("solo")
         assert set(files) == {"sub/w.bin", "README.md"}
-        assert files["sub/w.bin"].lfs and not files["README.md"].lfs
+        assert files["sub/w.bin"].lfs
+        assert not files["README.md"].lfs
         out = snapshot_download("solo", endpoint=hub.endpoint, local_dir=tmp_path / "out")
         assert (Path(out) / "sub" / "w.bin").read_bytes() == (src / "sub" / "w.bin").read_bytes()
     assert (tmp_path / "hubroot").is_dir()  # a root we were given is not deleted

@@ -7,7 +7,15 @@ command is a thin layer over them.
 
 __version__ = "0.1.0"
 
-from .core import DEFAULT_ENDPOINT, DownloadResult, RemoteFile, download, fetch, resolve_endpoint, validate_model_id
+from .core import (
+    DEFAULT_ENDPOINT,
+    DownloadResult,
+    RemoteFile,
+    download,
+    fetch,
+    resolve_endpoint,
+    validate_model_id,
+)
 from .errors import (
     AuthError,
     BadInputError,

@@ -32,15 +32,56 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True, help="destination folder (created if missing)")
     p.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
     p.add_argument("--token", default=None, help="hub token (default: $HF_TOKEN); never printed")
-    p.add_argument("--allow-pattern", action="append", default=None, metavar="P", help="only files matching P (repeatable)")
-    p.add_argument("--ignore-pattern", action="append", default=None, metavar="P", help="skip files matching P (repeatable)")
-    p.add_argument("--endpoint", default=None, help="hub or mirror URL (default: $HF_ENDPOINT, else https://huggingface.co)")
-    p.add_argument("--max-workers", type=int, default=8, help="files downloaded in parallel (default: 8)")
-    p.add_argument("--retries", type=int, default=3, help="retries per request on transient errors (default: 3)")
-    p.add_argument("--backoff", type=float, default=1.0, help="first retry delay in seconds, doubled each time (default: 1)")
-    p.add_argument("--dry-run", action="store_true", help="list what would be fetched, with sizes; change nothing")
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of the export line")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars, only warnings and errors on stderr")
+    p.add_argument(
+        "--allow-pattern",
+        action="append",
+        default=None,
+        metavar="P",
+        help="only files matching P (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-pattern",
+        action="append",
+        default=None,
+        metavar="P",
+        help="skip files matching P (repeatable)",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        help="hub or mirror URL (default: $HF_ENDPOINT, else https://huggingface.co)",
+    )
+    p.add_argument(
+        "--max-workers", type=int, default=8, help="files downloaded in parallel (default: 8)"
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        help="retries per request on transient errors (default: 3)",
+    )
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        help="first retry delay in seconds, doubled each time (default: 1)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would be fetched, with sizes; change nothing",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout instead of the export line",
+    )
+    p.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        help="no progress bars, only warnings and errors on stderr",
+    )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
@@ -94,12 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 retries=args.retries,
                 backoff=args.backoff,
                 dry_run=args.dry_run,
-                progress=not (args.quiet or args.json and not sys.stderr.isatty()),
+                progress=not (args.quiet or (args.json and not sys.stderr.isatty())),
             )
         except DownloadError as err:
             return _fail(err.message, err.exit_code, err.to_dict(), args.json, secret=args.token)
         except KeyboardInterrupt:
-            return _fail("interrupted: re-run the same command to resume", 130, {"kind": "interrupted"}, args.json)
+            return _fail(
+                "interrupted: re-run the same command to resume",
+                130,
+                {"kind": "interrupted"},
+                args.json,
+            )
         except Exception as err:  # unexpected: still one line, never a traceback
             _LOG.debug("unexpected error", exc_info=True)
             msg = f"unexpected {type(err).__name__}: {' '.join(str(err).split())} (re-run with -v for details)"

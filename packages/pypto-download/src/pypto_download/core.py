@@ -102,7 +102,11 @@ def _transient_exceptions() -> tuple[type[BaseException], ...]:
     with contextlib.suppress(ImportError):
         import requests  # huggingface_hub 0.x
 
-        found += [requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError]
+        found += [
+            requests.ConnectionError,
+            requests.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+        ]
     with contextlib.suppress(ImportError):
         import urllib3
 
@@ -136,7 +140,12 @@ class RemoteFile:
         return self.sha256 is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "blob_id": self.blob_id}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "sha256": self.sha256,
+            "blob_id": self.blob_id,
+        }
 
 
 @dataclass
@@ -174,7 +183,9 @@ class DownloadResult:
             "offline": self.offline,
             "total_bytes": self.total_bytes,
             "bytes_to_fetch": self.bytes_to_fetch,
-            "files": [dict(f.to_dict(), state=self.state.get(f.path, "missing")) for f in self.files],
+            "files": [
+                dict(f.to_dict(), state=self.state.get(f.path, "missing")) for f in self.files
+            ],
             "fetched": self.fetched,
             "refetched": self.refetched,
         }
@@ -183,7 +194,12 @@ class DownloadResult:
 # ---------------------------------------------------------------------- inputs
 def validate_model_id(model_id: str) -> str:
     """Reject ids the Hub would reject, before any network call or disk change."""
-    if not isinstance(model_id, str) or not _MODEL_ID_RE.match(model_id) or "--" in model_id or ".." in model_id:
+    if (
+        not isinstance(model_id, str)
+        or not _MODEL_ID_RE.match(model_id)
+        or "--" in model_id
+        or ".." in model_id
+    ):
         raise InvalidModelIdError(
             f"malformed model id {model_id!r}: expected ORG/REPO (letters, digits, '-', '_', '.'), "
             "e.g. Qwen/Qwen3-0.6B"
@@ -196,7 +212,9 @@ def resolve_endpoint(endpoint: str | None = None) -> str:
     value = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).strip().rstrip("/")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BadInputError(f"endpoint {value!r} is not an http(s) URL: pass e.g. --endpoint https://hf-mirror.com")
+        raise BadInputError(
+            f"endpoint {value!r} is not an http(s) URL: pass e.g. --endpoint https://hf-mirror.com"
+        )
     return value
 
 
@@ -221,7 +239,9 @@ def _check_output_dir(out: Path) -> Path | None:
     ``os.access`` says yes even on a read-only mount.
     """
     if out.exists() and not out.is_dir():
-        raise OutputPathError(f"output path {out} exists and is not a folder: pass a folder path to --output-dir")
+        raise OutputPathError(
+            f"output path {out} exists and is not a folder: pass a folder path to --output-dir"
+        )
     probe_dir = out
     first_missing: Path | None = None
     while not probe_dir.exists():
@@ -235,7 +255,9 @@ def _check_output_dir(out: Path) -> Path | None:
         os.unlink(name)
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DiskFullError(f"no space left on the device holding {probe_dir}: free some space") from None
+            raise DiskFullError(
+                f"no space left on the device holding {probe_dir}: free some space"
+            ) from None
         raise OutputPathError(
             f"output folder {probe_dir} is not writable ({err.strerror}): choose another --output-dir"
         ) from None
@@ -264,7 +286,11 @@ def _is_transient(exc: BaseException) -> bool:
     for e in _chain(exc):
         if isinstance(e, _TRANSIENT):
             return True
-        if _HfHubHTTPError is not None and isinstance(e, _HfHubHTTPError) and _status(e) in _TRANSIENT_STATUS:
+        if (
+            _HfHubHTTPError is not None
+            and isinstance(e, _HfHubHTTPError)
+            and _status(e) in _TRANSIENT_STATUS
+        ):
             return True
     return False
 
@@ -277,13 +303,20 @@ class _Context:
     """What error messages need to name (never the token)."""
 
     def __init__(self, repo_id: str, revision: str, endpoint: str, has_token: bool) -> None:
-        self.repo_id, self.revision, self.endpoint, self.has_token = repo_id, revision, endpoint, has_token
+        self.repo_id, self.revision, self.endpoint, self.has_token = (
+            repo_id,
+            revision,
+            endpoint,
+            has_token,
+        )
 
     def classify(self, exc: BaseException) -> DownloadError | None:
         """Map a hub/OS exception to our typed error; None if it is not one we know."""
         for e in _chain(exc):
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                return DiskFullError(f"no space left on device while downloading {self.repo_id}: free some space and re-run (completed files are kept)")
+                return DiskFullError(
+                    f"no space left on device while downloading {self.repo_id}: free some space and re-run (completed files are kept)"
+                )
         for e in _chain(exc):
             if _GatedRepoError is not None and isinstance(e, _GatedRepoError):
                 return AuthError(self._auth_message(gated=True, status=_status(e)))
@@ -295,12 +328,20 @@ class _Context:
                 )
         for e in _chain(exc):
             if _RepoNotFound is not None and isinstance(e, _RepoNotFound):
-                hint = " (or your token has no access to it)" if self.has_token else (
-                    "; if it is private or gated, pass a token with --token or HF_TOKEN"
+                hint = (
+                    " (or your token has no access to it)"
+                    if self.has_token
+                    else ("; if it is private or gated, pass a token with --token or HF_TOKEN")
                 )
-                return RepoNotFoundError(f"repository {self.repo_id} not found on {self.endpoint}{hint}")
+                return RepoNotFoundError(
+                    f"repository {self.repo_id} not found on {self.endpoint}{hint}"
+                )
         for e in _chain(exc):
-            if _HfHubHTTPError is not None and isinstance(e, _HfHubHTTPError) and _status(e) in (401, 403):
+            if (
+                _HfHubHTTPError is not None
+                and isinstance(e, _HfHubHTTPError)
+                and _status(e) in (401, 403)
+            ):
                 return AuthError(self._auth_message(gated=False, status=_status(e)))
         if _is_network_down(exc):
             return HubUnreachableError(
@@ -342,7 +383,13 @@ def _describe_status(exc: BaseException) -> str:
 
 
 def _retrying(
-    what: str, call: Callable[[], Any], *, retries: int, backoff: float, ctx: _Context, stop: threading.Event | None = None
+    what: str,
+    call: Callable[[], Any],
+    *,
+    retries: int,
+    backoff: float,
+    ctx: _Context,
+    stop: threading.Event | None = None,
 ) -> Any:
     """Run ``call``; retry transient failures ``retries`` times with exponential backoff.
 
@@ -361,7 +408,14 @@ def _retrying(
             if transient and attempt < retries and not (stop is not None and stop.is_set()):
                 delay = min(backoff * (2**attempt), 30.0)
                 attempt += 1
-                logger.warning("%s failed (%s); retry %d/%d in %.1fs", what, _describe(exc), attempt, retries, delay)
+                logger.warning(
+                    "%s failed (%s); retry %d/%d in %.1fs",
+                    what,
+                    _describe(exc),
+                    attempt,
+                    retries,
+                    delay,
+                )
                 time.sleep(delay)
                 continue
             if typed is not None:
@@ -427,13 +481,22 @@ class _Verifier:
             return None
         with self._lock:
             rec = self.verified.get(f.path)
-        if rec and rec.get("digest") == expected and rec.get("mtime_ns") == st.st_mtime_ns and rec.get("size") == st.st_size:
+        if (
+            rec
+            and rec.get("digest") == expected
+            and rec.get("mtime_ns") == st.st_mtime_ns
+            and rec.get("size") == st.st_size
+        ):
             return None
         actual = _file_digest(path, f.lfs)
         if actual != expected:
             return f"{'sha256' if f.lfs else 'git sha1'} {actual[:12]}.. != {expected[:12]}.."
         with self._lock:
-            self.verified[f.path] = {"digest": expected, "mtime_ns": st.st_mtime_ns, "size": st.st_size}
+            self.verified[f.path] = {
+                "digest": expected,
+                "mtime_ns": st.st_mtime_ns,
+                "size": st.st_size,
+            }
         return None
 
     def forget(self, path: str) -> None:
@@ -582,7 +645,7 @@ def fetch(
     dry_run: bool = False,
     progress: bool = True,
     offline: bool | None = None,
-    chunk_size: int | None = 1024 * 1024,
+    chunk_size: int | None = None,
 ) -> DownloadResult:
     """Download (or, with ``dry_run``, plan) a model repository into a folder.
 
@@ -603,8 +666,16 @@ def fetch(
     endpoint_url = resolve_endpoint(endpoint)
     token_value = _resolve_token(token)
     out = Path(output_dir).expanduser().absolute()
-    allow = [allow_patterns] if isinstance(allow_patterns, str) else (list(allow_patterns) if allow_patterns else None)
-    ignore = [ignore_patterns] if isinstance(ignore_patterns, str) else (list(ignore_patterns) if ignore_patterns else None)
+    allow = (
+        [allow_patterns]
+        if isinstance(allow_patterns, str)
+        else (list(allow_patterns) if allow_patterns else None)
+    )
+    ignore = (
+        [ignore_patterns]
+        if isinstance(ignore_patterns, str)
+        else (list(ignore_patterns) if ignore_patterns else None)
+    )
     rev = revision or "main"
     ctx = _Context(model_id, rev, endpoint_url, token_value is not None)
 
@@ -636,12 +707,22 @@ def fetch(
                 continue
             lfs = getattr(e, "lfs", None)
             sha = lfs.sha256 if lfs is not None else None
-            files.append(RemoteFile(path=e.path, size=int(e.size), sha256=sha, blob_id=getattr(e, "blob_id", None)))
+            files.append(
+                RemoteFile(
+                    path=e.path, size=int(e.size), sha256=sha, blob_id=getattr(e, "blob_id", None)
+                )
+            )
         return files
 
-    all_files = _retrying(f"listing files of {model_id}", _list, retries=retries, backoff=backoff, ctx=ctx)
+    all_files = _retrying(
+        f"listing files of {model_id}", _list, retries=retries, backoff=backoff, ctx=ctx
+    )
     all_files.sort(key=lambda f: f.path)
-    wanted_paths = set(filter_repo_objects([f.path for f in all_files], allow_patterns=allow, ignore_patterns=ignore))
+    wanted_paths = set(
+        filter_repo_objects(
+            [f.path for f in all_files], allow_patterns=allow, ignore_patterns=ignore
+        )
+    )
     files = [f for f in all_files if f.path in wanted_paths]
     if not files:
         if all_files:
@@ -652,9 +733,17 @@ def fetch(
         raise NoMatchingFilesError(f"{model_id}@{rev} has no files")
 
     previous = _read_manifest(out) if out.is_dir() else None
-    verifier = _Verifier(out, commit, previous if previous and previous.get("commit") == commit else None)
+    verifier = _Verifier(
+        out, commit, previous if previous and previous.get("commit") == commit else None
+    )
     result = DownloadResult(
-        path=out, repo_id=model_id, revision=rev, commit=commit, endpoint=endpoint_url, files=files, dry_run=dry_run
+        path=out,
+        repo_id=model_id,
+        revision=rev,
+        commit=commit,
+        endpoint=endpoint_url,
+        files=files,
+        dry_run=dry_run,
     )
     for f in files:
         result.state[f.path] = _local_state(out, f, verifier, commit)
@@ -668,7 +757,9 @@ def fetch(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OutputPathError(f"cannot create {out} ({err.strerror}): choose another --output-dir") from None
+        raise OutputPathError(
+            f"cannot create {out} ({err.strerror}): choose another --output-dir"
+        ) from None
     try:
         _download_files(
             result,
@@ -697,12 +788,16 @@ def fetch(
             )
         except OSError as err:
             typed = ctx.classify(err)
-            raise (typed or OutputPathError(f"cannot write the manifest in {out}: {err.strerror}")) from err
+            raise (
+                typed or OutputPathError(f"cannot write the manifest in {out}: {err.strerror}")
+            ) from err
     except BaseException as exc:
         kept = _has_downloaded_data(out, before)
         _cleanup_after_failure(out, first_missing, cache_existed, kept)
         if isinstance(exc, DownloadError) and kept:
-            exc.args = (f"{exc.args[0]} (partial download kept in {out}: re-run the same command to resume)",)
+            exc.args = (
+                f"{exc.args[0]} (partial download kept in {out}: re-run the same command to resume)",
+            )
         raise
     return result
 
@@ -727,7 +822,9 @@ def _local_state(out: Path, f: RemoteFile, verifier: _Verifier, commit: str) -> 
                 return "complete"
     partial_dir = (out / _HUB_META_DIR / "download" / f.path).parent
     if partial_dir.is_dir() and any(
-        p.name.endswith(".incomplete") and p.stat().st_size > 0 for p in partial_dir.iterdir() if p.is_file()
+        p.name.endswith(".incomplete") and p.stat().st_size > 0
+        for p in partial_dir.iterdir()
+        if p.is_file()
     ):
         return "partial"
     return "missing"
@@ -803,7 +900,9 @@ def _download_files(
 
     try:
         with _hub_progress(progress), _chunk_size(chunk_size):
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pypto-download")
+            pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max_workers, thread_name_prefix="pypto-download"
+            )
             try:
                 futures = [pool.submit(one, f) for f in files]
                 first_error: BaseException | None = None
@@ -827,7 +926,9 @@ def _download_files(
     result.refetched.sort()
 
 
-def _cleanup_after_failure(out: Path, first_missing: Path | None, cache_existed: bool, kept: bool) -> None:
+def _cleanup_after_failure(
+    out: Path, first_missing: Path | None, cache_existed: bool, kept: bool
+) -> None:
     """Leave no empty folder behind: remove what we created if it holds nothing useful.
 
     A folder that existed before keeps all its content; only a ``.cache`` folder we
@@ -857,18 +958,31 @@ def _offline_result(
     manifest = _read_manifest(out) if out.is_dir() else None
     how = "unset HF_HUB_OFFLINE and run once with network access"
     if manifest is None or manifest.get("repo_id") != model_id:
-        raise OfflineIncompleteError(f"offline mode (HF_HUB_OFFLINE) and {out} holds no download of {model_id}: {how}")
+        raise OfflineIncompleteError(
+            f"offline mode (HF_HUB_OFFLINE) and {out} holds no download of {model_id}: {how}"
+        )
     if rev not in (manifest.get("revision"), manifest.get("commit")):
         raise OfflineIncompleteError(
             f"offline mode and {out} holds {model_id}@{manifest.get('revision')}, not {rev}: {how}"
         )
     commit = manifest["commit"]
     all_files = [RemoteFile(**d) for d in manifest.get("files", {}).values()]
-    wanted = set(filter_repo_objects([f.path for f in all_files], allow_patterns=allow, ignore_patterns=ignore))
+    wanted = set(
+        filter_repo_objects(
+            [f.path for f in all_files], allow_patterns=allow, ignore_patterns=ignore
+        )
+    )
     files = sorted((f for f in all_files if f.path in wanted), key=lambda f: f.path)
     verifier = _Verifier(out, commit, manifest)
     result = DownloadResult(
-        path=out, repo_id=model_id, revision=rev, commit=commit, endpoint=endpoint, files=files, dry_run=dry_run, offline=True
+        path=out,
+        repo_id=model_id,
+        revision=rev,
+        commit=commit,
+        endpoint=endpoint,
+        files=files,
+        dry_run=dry_run,
+        offline=True,
     )
     bad = []
     for f in files:

@@ -237,7 +237,9 @@ class LocalHub:
         server.hub = self
         self._port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="pypto-local-hub", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="pypto-local-hub", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -360,7 +362,7 @@ class LocalHub:
     def _store(self, rel: str, source: bytes | Path, lfs_suffixes: tuple[str, ...]) -> HubFile:
         sha1 = hashlib.sha1(usedforsecurity=False)
         sha256 = hashlib.sha256()
-        tmp = tempfile.NamedTemporaryFile(dir=self.root / "blobs", delete=False)
+        tmp = tempfile.NamedTemporaryFile(dir=self.root / "blobs", delete=False)  # noqa: SIM115 (closed below)
         size = 0
         try:
             with tmp:
@@ -416,7 +418,9 @@ class LocalHub:
         return total
 
     # ------------------------------------------------------------------ faults
-    def drop_after(self, file_path: str, nbytes: int, *, repo_id: str | None = None, times: int = 1) -> None:
+    def drop_after(
+        self, file_path: str, nbytes: int, *, repo_id: str | None = None, times: int = 1
+    ) -> None:
         """The next ``times`` GETs of ``file_path`` send ``nbytes`` of the body (the
         headers announce all of it) and then cut the connection."""
         with self._lock:
@@ -425,7 +429,9 @@ class LocalHub:
     # the name the task sketch used
     drop_after_bytes = drop_after
 
-    def hang_after(self, file_path: str, nbytes: int, *, repo_id: str | None = None) -> threading.Event:
+    def hang_after(
+        self, file_path: str, nbytes: int, *, repo_id: str | None = None
+    ) -> threading.Event:
         """The next GET of ``file_path`` sends ``nbytes`` and then stalls until the
         returned event is set (or the hub stops), then cuts the connection. Lets a
         test kill a client at a known point of a file."""
@@ -460,7 +466,9 @@ class LocalHub:
     def _take_failure(self, path: str) -> int | None:
         with self._lock:
             for failure in self._failures:
-                if failure.remaining > 0 and (failure.path_contains is None or failure.path_contains in path):
+                if failure.remaining > 0 and (
+                    failure.path_contains is None or failure.path_contains in path
+                ):
                     failure.remaining -= 1
                     status = failure.status
                     self._failures = [f for f in self._failures if f.remaining > 0]
@@ -641,7 +649,11 @@ class _Handler(BaseHTTPRequestHandler):
                 s["size"] = f.size
                 s["blobId"] = f.blob_id
                 if f.lfs:
-                    s["lfs"] = {"sha256": f.sha256, "size": f.size, "pointerSize": _LFS_POINTER_SIZE}
+                    s["lfs"] = {
+                        "sha256": f.sha256,
+                        "size": f.size,
+                        "pointerSize": _LFS_POINTER_SIZE,
+                    }
             siblings.append(s)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(rev.created))
         self._send_json(
@@ -663,12 +675,16 @@ class _Handler(BaseHTTPRequestHandler):
             }
         )
 
-    def _tree(self, repo_id: str, raw_rev: str, rev: _Revision, sub: str, query: dict[str, str]) -> None:
+    def _tree(
+        self, repo_id: str, raw_rev: str, rev: _Revision, sub: str, query: dict[str, str]
+    ) -> None:
         recursive = query.get("recursive", "").lower() in ("1", "true")
         prefix = f"{sub}/" if sub else ""
         files = [f for f in rev.files.values() if f.path.startswith(prefix)]
         if sub and not files:
-            raise _HubError(404, "EntryNotFound", f"{sub} does not exist on {rev.sha}", commit=rev.sha)
+            raise _HubError(
+                404, "EntryNotFound", f"{sub} does not exist on {rev.sha}", commit=rev.sha
+            )
         entries: dict[str, dict[str, Any]] = {}
         for f in files:
             rel = f.path[len(prefix) :]
@@ -681,14 +697,21 @@ class _Handler(BaseHTTPRequestHandler):
                     dpath,
                     {
                         "type": "directory",
-                        "oid": hashlib.sha1(f"{rev.sha}:{dpath}".encode(), usedforsecurity=False).hexdigest(),
+                        "oid": hashlib.sha1(
+                            f"{rev.sha}:{dpath}".encode(), usedforsecurity=False
+                        ).hexdigest(),
                         "size": 0,
                         "path": dpath,
                     },
                 )
             if dirs and not recursive:
                 continue
-            entry: dict[str, Any] = {"type": "file", "oid": f.blob_id, "size": f.size, "path": f.path}
+            entry: dict[str, Any] = {
+                "type": "file",
+                "oid": f.blob_id,
+                "size": f.size,
+                "path": f.path,
+            }
             if f.lfs:
                 entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": _LFS_POINTER_SIZE}
             entries[f.path] = entry
@@ -725,15 +748,21 @@ class _Handler(BaseHTTPRequestHandler):
             auth = self.headers.get("Authorization", "")
             if not auth.startswith("Bearer "):
                 raise _HubError(
-                    401, "GatedRepo", f"Access to model {repo_id} is restricted. You must be authenticated."
+                    401,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted. You must be authenticated.",
                 )
             if auth[len("Bearer ") :] != token:
                 raise _HubError(
-                    403, "GatedRepo", f"Access to model {repo_id} is restricted and you are not in the authorized list."
+                    403,
+                    "GatedRepo",
+                    f"Access to model {repo_id} is restricted and you are not in the authorized list.",
                 )
         f = rev.files.get(file_path)
         if f is None:
-            raise _HubError(404, "EntryNotFound", f"{file_path} does not exist on {rev.sha}", commit=rev.sha)
+            raise _HubError(
+                404, "EntryNotFound", f"{file_path} does not exist on {rev.sha}", commit=rev.sha
+            )
 
         start, end = 0, f.size - 1
         status = 200
@@ -759,7 +788,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", quoted)
         self.send_header("X-Repo-Commit", rev.sha)
-        self.send_header("Content-Disposition", f'inline; filename="{file_path.rsplit("/", 1)[-1]}"')
+        self.send_header(
+            "Content-Disposition", f'inline; filename="{file_path.rsplit("/", 1)[-1]}"'
+        )
         if f.lfs:
             self.send_header("X-Linked-Etag", quoted)
             self.send_header("X-Linked-Size", str(f.size))
