@@ -1,0 +1,734 @@
+"""pypto-download against a real local hub (pypto_testing.hub) and the real huggingface_hub."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pypto_download import (
+    AuthError,
+    HubUnreachableError,
+    IntegrityError,
+    download,
+    fetch,
+)
+from pypto_download.cli import main
+from pypto_testing.hub import LocalHub
+
+# ~300 KB of weights: big enough to cut mid-file, small enough to stay quick.
+WEIGHTS = bytes((i * 7 + 3) % 251 for i in range(300_000))
+SECRET = "hf_PyptoTestSecret0123456789abcdef"
+FILES = {
+    "config.json": json.dumps({"model_type": "llama", "hidden_size": 8}).encode(),
+    "tokenizer.json": json.dumps({"version": "1.0", "vocab": list(range(50))}).encode(),
+    "README.md": b"# tiny\n",
+    "model.safetensors": WEIGHTS,
+    "extra/notes.txt": b"notes\n",
+}
+REPO_BYTES = sum(len(v) for v in FILES.values())
+
+
+@pytest.fixture
+def hub():
+    with LocalHub(page_size=2) as h:
+        h.add_repo("org/tiny", FILES)
+        yield h
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file() and p.relative_to(folder).parts[0] != ".cache"
+    }
+
+
+def gets(hub: LocalHub) -> list[str]:
+    return sorted(r.file_path for r in hub.requests if r.method == "GET" and r.file_path)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("pypto-download: error:")]
+
+
+def sub_env(hub: LocalHub | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env["HF_HOME"] = os.environ["HF_HOME"]
+    env["HF_TOKEN_PATH"] = os.environ["HF_TOKEN_PATH"]
+    if hub is not None:
+        env["HF_ENDPOINT"] = hub.endpoint
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------- the happy path and every flag
+def test_cli_downloads_and_prints_one_export_line(hub, tmp_path, capsys):
+    out = tmp_path / "models" / "tiny"
+    code, stdout, stderr = cli(
+        capsys, "--model-id", "org/tiny", "--output-dir", str(out), "--endpoint", hub.endpoint
+    )
+    assert code == 0
+    assert stdout == f"export MODEL_PATH={out}\n"
+    assert tree(out) == FILES
+    assert "ready in" in stderr
+
+
+def test_eval_in_a_shell_sets_model_path(hub, tmp_path):
+    out = tmp_path / "with space" / "tiny"
+    script = (
+        f"eval \"$({sys.executable} -m pypto_download --model-id org/tiny --output-dir '{out}' --quiet)\"; "
+        'printf "%s" "$MODEL_PATH"'
+    )
+    r = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=sub_env(hub), timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == str(out)
+    assert tree(out) == FILES
+
+
+def test_console_script_is_installed():
+    exe = shutil.which(
+        "pypto-download", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    )
+    assert exe is not None
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0
+    assert "--allow-pattern" in r.stdout
+
+
+def test_json_output_is_one_object(hub, tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, _ = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        hub.endpoint,
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(stdout)
+    assert data["ok"] is True
+    assert data["model_path"] == str(out)
+    assert {f["path"]: f["size"] for f in data["files"]} == {k: len(v) for k, v in FILES.items()}
+    assert data["commit"] == fetch("org/tiny", out, endpoint=hub.endpoint, dry_run=True).commit
+    assert len(data["commit"]) == 40
+    assert sorted(data["fetched"]) == sorted(FILES)
+
+
+def test_dry_run_lists_sizes_and_changes_nothing(hub, tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, stderr = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        hub.endpoint,
+        "--dry-run",
+    )
+    assert code == 0
+    assert stdout == ""
+    assert "model.safetensors" in stderr
+    assert "293.0 KiB" in stderr
+    assert not out.exists()
+    assert gets(hub) == []
+    code, stdout, _ = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        hub.endpoint,
+        "--dry-run",
+        "--json",
+    )
+    data = json.loads(stdout)
+    assert data["dry_run"] is True
+    assert data["bytes_to_fetch"] == REPO_BYTES
+    assert not out.exists()
+
+
+def test_dry_run_after_download_says_nothing_to_fetch(hub, tmp_path):
+    download("org/tiny", tmp_path / "o", endpoint=hub.endpoint, progress=False)
+    plan = fetch("org/tiny", tmp_path / "o", endpoint=hub.endpoint, dry_run=True)
+    assert plan.bytes_to_fetch == 0
+    assert set(plan.state.values()) == {"complete"}
+
+
+def test_allow_and_ignore_patterns(hub, tmp_path, capsys):
+    out = tmp_path / "o"
+    code, _, _ = cli(
+        capsys, "--model-id", "org/tiny", "--output-dir", str(out), "--endpoint", hub.endpoint,
+        "--allow-pattern", "*.json", "--allow-pattern", "extra/*", "--ignore-pattern", "tokenizer*",
+    )  # fmt: skip
+    assert code == 0
+    assert set(tree(out)) == {"config.json", "extra/notes.txt"}
+
+
+def test_revision_branch_tag_and_commit(hub, tmp_path, capsys):
+    old = hub.add_repo("org/tiny", {"config.json": b'{"v": 1}'}, revision="v1-branch", tags=("v1",))
+    for rev in ("v1-branch", "v1", old):
+        out = tmp_path / rev
+        code, _, _ = cli(
+            capsys,
+            "--model-id",
+            "org/tiny",
+            "--output-dir",
+            str(out),
+            "--endpoint",
+            hub.endpoint,
+            "--revision",
+            rev,
+        )
+        assert code == 0
+        assert tree(out) == {"config.json": b'{"v": 1}'}
+
+
+def test_hf_endpoint_set_after_import_is_honoured(hub, tmp_path, capsys, monkeypatch):
+    import huggingface_hub  # noqa: F401  (imported long before the variable is set)
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    code, _, _ = cli(capsys, "--model-id", "org/tiny", "--output-dir", str(tmp_path / "o"))
+    assert code == 0
+    assert tree(tmp_path / "o") == FILES
+    assert gets(hub)  # it really came from this hub
+
+
+def test_max_workers_and_bad_values(hub, tmp_path, capsys):
+    code, _, _ = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(tmp_path / "o"),
+        "--endpoint",
+        hub.endpoint,
+        "--max-workers",
+        "1",
+    )
+    assert code == 0
+    assert tree(tmp_path / "o") == FILES
+    code, _, err = cli(
+        capsys, "--model-id", "org/tiny", "--output-dir", str(tmp_path / "p"), "--max-workers", "0"
+    )
+    assert code == 2
+    assert "--max-workers" in err
+    assert not (tmp_path / "p").exists()
+    code, _, err = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(tmp_path / "p"),
+        "--endpoint",
+        "ftp://x",
+    )
+    assert code == 2
+    assert "http" in err
+
+
+def test_quiet_prints_no_progress(hub, tmp_path, capfd):
+    code = main(
+        [
+            "--model-id",
+            "org/tiny",
+            "--output-dir",
+            str(tmp_path / "o"),
+            "--endpoint",
+            hub.endpoint,
+            "--quiet",
+        ]
+    )
+    out, err = capfd.readouterr()
+    assert code == 0
+    assert out.startswith("export MODEL_PATH=")
+    assert err == ""
+
+
+def test_progress_goes_to_stderr(hub, tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "pypto_download", "--model-id", "org/tiny", "--output-dir", str(tmp_path / "o")],
+        capture_output=True, text=True, env=sub_env(hub), timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0
+    assert r.stdout.count("\n") == 1
+    assert "total (5 files)" in r.stderr
+
+
+# ---------------------------------------------------------------- token
+def test_gated_repo_token_from_flag_and_env(hub, tmp_path, capsys, monkeypatch):
+    hub.add_repo("org/gated", FILES, gated=True, token=SECRET)
+    code, _, err = cli(
+        capsys,
+        "--model-id",
+        "org/gated",
+        "--output-dir",
+        str(tmp_path / "a"),
+        "--endpoint",
+        hub.endpoint,
+    )
+    assert code == AuthError.exit_code
+    assert "--token" in err
+    assert "HF_TOKEN" in err
+    assert not (tmp_path / "a").exists()
+    code, _, err = cli(
+        capsys,
+        "--model-id",
+        "org/gated",
+        "--output-dir",
+        str(tmp_path / "b"),
+        "--endpoint",
+        hub.endpoint,
+        "--token",
+        "hf_wrong",
+    )
+    assert code == AuthError.exit_code
+    assert "no access" in err
+    assert not (tmp_path / "b").exists()
+    code, _, _ = cli(
+        capsys,
+        "--model-id",
+        "org/gated",
+        "--output-dir",
+        str(tmp_path / "c"),
+        "--endpoint",
+        hub.endpoint,
+        "--token",
+        SECRET,
+    )
+    assert code == 0
+    assert tree(tmp_path / "c") == FILES
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    code, _, _ = cli(
+        capsys,
+        "--model-id",
+        "org/gated",
+        "--output-dir",
+        str(tmp_path / "d"),
+        "--endpoint",
+        hub.endpoint,
+    )
+    assert code == 0
+    assert tree(tmp_path / "d") == FILES
+
+
+def test_token_never_leaks(hub, tmp_path):
+    hub.add_repo("org/gated", FILES, gated=True, token=SECRET)
+    hub.corrupt("model.safetensors", times=None)  # an error path that goes deep
+    seen = []
+    for args, env in [
+        (["--token", SECRET, "-v"], {}),
+        (["--json", "-v"], {"HF_TOKEN": SECRET}),
+        (["--token", SECRET + "x", "-v", "--json"], {}),  # a wrong token: error path
+        (["--token", SECRET, "--dry-run", "-v"], {}),
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "pypto_download", "--model-id", "org/gated", "--output-dir", str(tmp_path / "o"),
+             "--backoff", "0", *args],
+            capture_output=True, text=True, env=sub_env(hub, **env), timeout=120,
+        )  # fmt: skip
+        seen.append(r.returncode)
+        assert SECRET not in r.stdout
+        assert SECRET not in r.stderr
+    assert seen == [IntegrityError.exit_code, IntegrityError.exit_code, AuthError.exit_code, 0]
+    for p in tmp_path.rglob("*"):
+        if p.is_file():
+            assert SECRET.encode() not in p.read_bytes(), p
+
+
+# ---------------------------------------------------------------- resume
+def test_rerun_fetches_nothing(hub, tmp_path):
+    download("org/tiny", tmp_path / "o", endpoint=hub.endpoint, progress=False)
+    hub.clear_requests()
+    result = fetch("org/tiny", tmp_path / "o", endpoint=hub.endpoint, progress=False)
+    assert result.fetched == []
+    assert gets(hub) == []
+    assert not [r for r in hub.requests if r.method == "HEAD"]
+
+
+def test_dropped_connection_mid_file_is_resumed(hub, tmp_path):
+    hub.drop_after("model.safetensors", 100_000)
+    path = download(
+        "org/tiny",
+        tmp_path / "o",
+        endpoint=hub.endpoint,
+        backoff=0,
+        progress=False,
+        chunk_size=16 * 1024,
+    )
+    assert tree(path) == FILES
+    sent = hub.bytes_sent(file_path="model.safetensors", method="GET")
+    # what was received before the cut is not sent again (16 KiB chunk granularity)
+    assert len(WEIGHTS) <= sent <= len(WEIGHTS) + 16 * 1024, sent
+    ranged = [r for r in hub.requests if r.file_path == "model.safetensors" and r.range]
+    assert ranged
+    assert ranged[0].status == 206
+
+
+def test_killed_run_resumes_where_it_stopped(hub, tmp_path):
+    """A real interruption: the process is SIGKILLed mid-file, then re-run."""
+    out = tmp_path / "o"
+    cut = 128 * 1024
+    release = hub.hang_after("model.safetensors", cut)
+    code = (
+        "import sys; from pypto_download import download; "
+        f"download('org/tiny', {str(out)!r}, endpoint={hub.endpoint!r}, progress=False, max_workers=1, chunk_size=16384)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], env=sub_env(), stderr=subprocess.PIPE)
+    try:
+        partial = out / ".cache" / "huggingface" / "download"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            sizes = (
+                [p.stat().st_size for p in partial.glob("*.incomplete")] if partial.is_dir() else []
+            )
+            if sizes and max(sizes) >= cut:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first run never reached the cut")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        release.set()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    first_run = {
+        r.file_path
+        for r in hub.requests
+        if r.method == "GET" and r.file_path and r.finished and r.status == 200
+    }
+    first_run.discard("model.safetensors")
+    hub.clear_requests()
+    path = download("org/tiny", out, endpoint=hub.endpoint, progress=False)
+    assert tree(path) == FILES
+    again = gets(hub)
+    assert not set(again) & first_run, "files completed before the kill were fetched again"
+    weights = [r for r in hub.requests if r.method == "GET" and r.file_path == "model.safetensors"]
+    assert len(weights) == 1
+    if weights[0].range:  # huggingface_hub < 2 keeps the partial file and resumes it with a Range
+        assert weights[0].range == f"bytes={cut}-"
+        assert weights[0].status == 206
+        assert weights[0].bytes_sent == len(WEIGHTS) - cut
+    else:  # 2.x writes a per-process temp file, so only whole files survive a kill
+        assert weights[0].status == 200
+        assert weights[0].bytes_sent == len(WEIGHTS)
+
+
+# ---------------------------------------------------------------- integrity
+def test_corrupted_byte_is_refetched_once(hub, tmp_path):
+    hub.corrupt("model.safetensors", offset=12345, times=1)
+    result = fetch("org/tiny", tmp_path / "o", endpoint=hub.endpoint, progress=False)
+    assert result.refetched == ["model.safetensors"]
+    assert tree(result.path) == FILES
+    assert (
+        len([r for r in hub.requests if r.method == "GET" and r.file_path == "model.safetensors"])
+        == 2
+    )
+
+
+def test_corruption_that_persists_is_reported(hub, tmp_path, capsys):
+    hub.corrupt("model.safetensors", offset=7, times=None)
+    out = tmp_path / "o"
+    code, stdout, err = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        hub.endpoint,
+        "--json",
+    )
+    assert code == IntegrityError.exit_code == 17
+    assert json.loads(stdout)["error"]["kind"] == "integrity"
+    errors = [line for line in err.splitlines() if line.startswith("pypto-download: error:")]
+    assert len(errors) == 1
+    assert "model.safetensors" in errors[0]
+    assert "sha256" in errors[0]
+    assert not (out / "model.safetensors").exists()
+    # the good files are kept for a resume, and a healthy server finishes the job
+    hub.clear_faults()
+    hub.clear_requests()
+    assert tree(download("org/tiny", out, endpoint=hub.endpoint, progress=False)) == FILES
+    assert gets(hub) == ["model.safetensors"]
+
+
+def test_locally_damaged_file_is_detected_on_rerun(hub, tmp_path):
+    out = download("org/tiny", tmp_path / "o", endpoint=hub.endpoint, progress=False)
+    with open(out / "model.safetensors", "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\x00\x01")
+    hub.clear_requests()
+    result = fetch("org/tiny", out, endpoint=hub.endpoint, progress=False)
+    assert result.refetched == ["model.safetensors"]
+    assert tree(out) == FILES
+
+
+# ---------------------------------------------------------------- transient errors
+def test_transient_errors_are_retried(hub, tmp_path):
+    hub.fail_next(2, status=503, path_contains="/api/models/")
+    hub.fail_next(1, status=502, path_contains="config.json")
+    path = download(
+        "org/tiny", tmp_path / "o", endpoint=hub.endpoint, backoff=0.01, retries=3, progress=False
+    )
+    assert tree(path) == FILES
+    assert [r.status for r in hub.requests if r.path.startswith("/api/models/org/tiny/revision")][
+        :3
+    ] == [503, 503, 200]
+
+
+def test_retries_are_bounded(hub, tmp_path, capsys):
+    hub.fail_next(100, status=503, path_contains="/api/models/")
+    out = tmp_path / "o"
+    t0 = time.monotonic()
+    code, _, err = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        hub.endpoint,
+        "--retries",
+        "2",
+        "--backoff",
+        "0.01",
+    )
+    assert code == 20
+    assert "503" in err
+    assert "--retries" in err
+    assert len([r for r in hub.requests if "/api/models/" in r.path]) == 3
+    assert time.monotonic() - t0 < 30
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- failures: one line, distinct code, no folder left
+@pytest.mark.parametrize(
+    ("args", "code", "words"),
+    [
+        (["--model-id", "not a/valid id"], 10, "malformed model id"),
+        (["--model-id", "a/b/c"], 10, "malformed model id"),
+        (["--model-id", "org/missing"], 11, "not found"),
+        (["--model-id", "org/tiny", "--revision", "nope"], 12, "revision 'nope' not found"),
+        (["--model-id", "org/tiny", "--allow-pattern", "*.gguf"], 19, "no file"),
+    ],
+)
+def test_error_paths(hub, tmp_path, capsys, args, code, words):
+    out = tmp_path / "new" / "dir"
+    got, stdout, err = cli(capsys, *args, "--output-dir", str(out), "--endpoint", hub.endpoint)
+    assert got == code
+    assert stdout == ""
+    lines = error_lines(err)
+    assert len(lines) == 1
+    assert words in lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_unreachable_server_names_endpoint(tmp_path, capsys):
+    hub = LocalHub().start()
+    endpoint = hub.endpoint
+    hub.close()
+    out = tmp_path / "o"
+    code, _, err = cli(
+        capsys,
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--endpoint",
+        endpoint,
+        "--retries",
+        "1",
+        "--backoff",
+        "0",
+    )
+    assert code == HubUnreachableError.exit_code == 14
+    assert len(error_lines(err)) == 1
+    assert endpoint in err
+    assert "HF_ENDPOINT" in err
+    assert not out.exists()
+
+
+def test_server_going_down_mid_download(hub, tmp_path):
+    release = hub.hang_after("model.safetensors", 50_000)
+    out = tmp_path / "pre"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    import threading
+
+    def kill_soon():
+        time.sleep(0.5)
+        hub.stop()
+        release.set()
+
+    threading.Thread(target=kill_soon, daemon=True).start()
+    with pytest.raises(HubUnreachableError) as info:
+        download(
+            "org/tiny",
+            out,
+            endpoint=hub.endpoint,
+            retries=0,
+            progress=False,
+            allow_patterns="*.safetensors",
+        )
+    assert (out / "mine.txt").read_text() == "keep me"  # a folder that existed keeps its content
+    cache = out / ".cache"
+    kept = [p for p in cache.rglob("*.incomplete") if p.stat().st_size] if cache.exists() else []
+    assert ("re-run" in str(info.value)) == bool(kept)
+    if not kept:  # nothing worth resuming: the .cache we created is gone too
+        assert not cache.exists()
+
+
+def test_output_path_is_a_file(hub, tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    code, _, err = cli(
+        capsys, "--model-id", "org/tiny", "--output-dir", str(f), "--endpoint", hub.endpoint
+    )
+    assert code == 15
+    assert "not a folder" in err
+    code, _, err = cli(
+        capsys, "--model-id", "org/tiny", "--output-dir", str(f / "sub"), "--endpoint", hub.endpoint
+    )
+    assert code == 15
+    assert f.read_text() == "x"
+    assert gets(hub) == []
+
+
+@contextlib.contextmanager
+def _mount_tmpfs(where: Path, options: str):
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'not root'})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_output_not_writable(hub, tmp_path, capsys):
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        target = ro / "o"
+        code, _, err = cli(
+            capsys,
+            "--model-id",
+            "org/tiny",
+            "--output-dir",
+            str(target),
+            "--endpoint",
+            hub.endpoint,
+        )
+        ro.chmod(0o700)
+    else:  # root ignores permissions: a read-only mount is the honest test
+        with _mount_tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
+            target = ro / "o"
+            code, _, err = cli(
+                capsys,
+                "--model-id",
+                "org/tiny",
+                "--output-dir",
+                str(target),
+                "--endpoint",
+                hub.endpoint,
+            )
+    assert code == 15
+    assert "not writable" in err
+    assert "--output-dir" in err
+
+
+def test_disk_full_on_a_tiny_tmpfs(hub, tmp_path, capsys):
+    with _mount_tmpfs(tmp_path / "small", "size=128k") as small:
+        out = small / "o"
+        code, _, err = cli(
+            capsys,
+            "--model-id",
+            "org/tiny",
+            "--output-dir",
+            str(out),
+            "--endpoint",
+            hub.endpoint,
+            "--backoff",
+            "0",
+        )
+        assert code == 16, err
+        assert len(error_lines(err)) == 1
+        assert "no space left" in err
+
+
+# ---------------------------------------------------------------- offline
+def test_offline_rerun_uses_the_folder(hub, tmp_path):
+    out = tmp_path / "o"
+    download("org/tiny", out, endpoint=hub.endpoint, progress=False)
+    hub.stop()  # nothing to talk to, and HF_HUB_OFFLINE says not to try
+    cmd = [
+        sys.executable,
+        "-m",
+        "pypto_download",
+        "--model-id",
+        "org/tiny",
+        "--output-dir",
+        str(out),
+        "--json",
+    ]
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=sub_env(HF_HUB_OFFLINE="1"), timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["offline"] is True
+    assert data["model_path"] == str(out)
+    # a damaged folder is not served offline
+    (out / "config.json").write_text("{}")
+    r = subprocess.run(
+        cmd, capture_output=True, text=True, env=sub_env(HF_HUB_OFFLINE="1"), timeout=120
+    )
+    assert r.returncode == 18
+    assert "config.json" in r.stderr
+    r = subprocess.run(
+        [*cmd[:-2], str(tmp_path / "never"), "--json"],
+        capture_output=True,
+        text=True,
+        env=sub_env(HF_HUB_OFFLINE="1"),
+        timeout=120,
+    )
+    assert r.returncode == 18
+    assert "HF_HUB_OFFLINE" in r.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_library_error_types_and_codes_are_distinct():
+    import pypto_download.errors as errors
+
+    classes = [getattr(errors, n) for n in errors.__all__ if n != "DownloadError"]
+    codes = [c.exit_code for c in classes if c.exit_code != 2]
+    assert len(codes) == len(set(codes))
+    assert min(codes) >= 10
