@@ -121,6 +121,7 @@ def _mask_wrapper(
         return original(*args, **kwargs)
 
     patched.__wrapped__ = original  # type: ignore[attr-defined]
+    patched._pypto_capture_patched = True  # type: ignore[attr-defined]
     patched.__name__ = getattr(original, "__name__", "mask")
     return patched
 
@@ -135,7 +136,7 @@ def _patch_masks(model: torch.nn.Module, handle: MitigationHandle) -> None:
     for mod in _modeling_modules(model):
         for name, kind in MASK_FUNCTIONS.items():
             fn = getattr(mod, name, None)
-            if fn is None or not callable(fn) or getattr(fn, "__wrapped__", None) is not None:
+            if fn is None or not callable(fn) or getattr(fn, "_pypto_capture_patched", False):
                 continue
             _setattr_undoable(handle, mod, name, _mask_wrapper(fn, kind, handle))
             handle.applied.append(f"mask:{mod.__name__}.{name}")
