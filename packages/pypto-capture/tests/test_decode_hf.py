@@ -102,3 +102,21 @@ def test_capture_before_prefill_and_usage_errors(model_dirs):
         runner.prefill(torch.zeros(2, 3, dtype=torch.long))
     with pytest.raises(PyptoCaptureError, match="left-padded"):
         runner.prefill(ids, torch.tensor([[1, 1, 1, 0]]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)"
+)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_cudagraph_decode_matches_generate(model_dirs, arch):
+    model = _load(model_dirs[arch]).to("cuda")
+    runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend="auto")
+    assert runner.backend_name == "cudagraph"
+    for seed in (0, 1):  # the second prompt replays the same graph
+        ids, am = _prompts(seed)
+        ids, am = ids.cuda(), am.cuda()
+        got = runner.generate(ids, am, max_new_tokens=NEW)
+        _assert_same_until_eos(
+            got.cpu(), _reference(model, ids, am).cpu(), f"{arch} cuda seed {seed}"
+        )
