@@ -80,12 +80,12 @@ def coherence_score(text: str) -> float:
 
 def degenerate_reason(token_ids: Sequence[int], text: str) -> str | None:
     """Why the output is degenerate, or None when it passes the hard gate."""
-    if len(token_ids) == 0 or not text.strip():
-        return "empty output: no tokens or only whitespace were generated"
     if len(token_ids) >= 2 and len(set(token_ids)) == 1:
         return (
             f"degenerate output: a single token (id {token_ids[0]}) repeated {len(token_ids)} times"
         )
+    if len(token_ids) == 0 or not text.strip():
+        return "empty output: no tokens or only whitespace were generated"
     visible = [ch for ch in text if not ch.isspace()]
     bad = sum(1 for ch in visible if ch == REPLACEMENT or unicodedata.category(ch)[0] == "C")
     if visible and bad / len(visible) > 0.5:
