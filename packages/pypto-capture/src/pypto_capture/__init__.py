@@ -1,0 +1,73 @@
+"""pypto-capture: graph capture for LLM decode on Ascend NPU, CUDA and CPU.
+
+The core (device layer, backends, explanations, static MoE routing) needs only torch;
+the pieces that drive transformers models import transformers lazily.
+"""
+
+from __future__ import annotations
+
+from .backends import (
+    BACKENDS,
+    CapturedStep,
+    CompileBackend,
+    DeviceGraphBackend,
+    EagerBackend,
+    GraphBackend,
+    ReplayResult,
+    capture_and_replay,
+    make_backend,
+    resolve_backend_name,
+)
+from .cache import capture_safe_cache_class, make_capture_safe_cache
+from .decode import DecodeStepRunner
+from .device import (
+    MemoryStats,
+    device_name,
+    memory_stats,
+    npu_available,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
+from .errors import (
+    CaptureFailedError,
+    CaptureUnsafeConfigError,
+    DeviceNotAvailableError,
+    PyptoCaptureError,
+    UnsupportedModelError,
+)
+from .explain import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "KNOWN_CAUSES",
+    "CaptureExplanation",
+    "CaptureFailedError",
+    "CaptureUnsafeConfigError",
+    "CapturedStep",
+    "CompileBackend",
+    "DecodeStepRunner",
+    "DeviceGraphBackend",
+    "DeviceNotAvailableError",
+    "EagerBackend",
+    "GraphBackend",
+    "MemoryStats",
+    "PyptoCaptureError",
+    "ReplayResult",
+    "UnsupportedModelError",
+    "__version__",
+    "capture_and_replay",
+    "capture_safe_cache_class",
+    "device_name",
+    "explain_capture_error",
+    "make_backend",
+    "make_capture_safe_cache",
+    "memory_stats",
+    "npu_available",
+    "reset_peak_memory",
+    "resolve_backend_name",
+    "resolve_device",
+    "synchronize",
+]

@@ -1,0 +1,92 @@
+"""Feature detection over transformers 5.8-5.24 model objects (no version compares)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+
+@functools.lru_cache(maxsize=256)
+def _params_of(func: Any) -> frozenset[str]:
+    try:
+        return frozenset(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def forward_params(model: torch.nn.Module) -> frozenset[str]:
+    return _params_of(type(model).forward)
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """5.24 renamed the forward kwarg ``past_key_values`` -> ``cache`` (old name deprecated)."""
+    params = forward_params(model)
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The cache object returned by a forward, under either name."""
+    for name in ("cache", "past_key_values"):
+        try:
+            value = output[name] if isinstance(output, dict) else getattr(output, name, None)
+        except (KeyError, AttributeError):
+            value = None
+        if value is not None:
+            return value
+    return None
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack (``model.model`` for *ForCausalLM), whatever it is called."""
+    get = getattr(model, "get_decoder", None)
+    if callable(get):
+        try:
+            dec = get()
+            if isinstance(dec, torch.nn.Module):
+                return dec
+        except Exception:
+            pass
+    return getattr(model, "base_model", model)
+
+
+@functools.lru_cache(maxsize=64)
+def _accepts_mask_mapping(cls: type) -> bool:
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "attention_mask, dict)" in src
+
+
+def accepts_mask_mapping(model: torch.nn.Module) -> bool:
+    """Whether the decoder takes ``attention_mask`` as a {layer_type: 4D mask} dict."""
+    return _accepts_mask_mapping(type(decoder_of(model)))
+
+
+def text_config(model: Any) -> Any:
+    config = getattr(model, "config", model)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def attn_implementation(model: torch.nn.Module) -> str | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_attn_implementation(model: torch.nn.Module, impl: str) -> None:
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(impl)
+        return
+    model.config._attn_implementation = impl  # older objects: the config attribute is read per call
+
+
+def model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    for p in model.parameters():
+        return p.device, p.dtype
+    return torch.device("cpu"), torch.float32

@@ -1,0 +1,285 @@
+"""Graph backends behind one interface, and ``capture_and_replay``.
+
+A backend turns a zero-argument *step* (a function that reads and writes fixed
+buffers) into something replayable:
+
+- ``npugraph`` / ``cudagraph``: real stream capture and replay. Warmup runs on a side
+  stream (capture on the default stream is illegal, and warmup there would leave
+  allocator state the capture cannot see), and graphs of one backend instance share a
+  memory pool.
+- ``compile``: ``torch.compile(fullgraph=True, dynamic=False)``. It is the backend that
+  runs on CPU, so tests exercise the same "one graph, fixed shapes" contract there: a
+  graph break is a capture failure with a reason, like a capture error on a device.
+- ``eager``: no capture at all; the same step, as a baseline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .device import (
+    current_stream,
+    graph_capture,
+    graph_pool_handle,
+    new_graph,
+    new_stream,
+    resolve_device,
+    stream_context,
+    synchronize,
+)
+from .errors import CaptureFailedError, DeviceNotAvailableError, PyptoCaptureError
+from .explain import explain_capture_error
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BACKENDS",
+    "CapturedStep",
+    "CompileBackend",
+    "DeviceGraphBackend",
+    "EagerBackend",
+    "GraphBackend",
+    "ReplayResult",
+    "capture_and_replay",
+    "make_backend",
+    "resolve_backend_name",
+]
+
+BACKENDS = ("auto", "npugraph", "cudagraph", "compile", "eager")
+
+
+class CapturedStep(ABC):
+    """A captured step: ``replay()`` runs it once more and returns its (static) output."""
+
+    output: Any = None
+
+    @abstractmethod
+    def replay(self) -> Any: ...
+
+
+class GraphBackend(ABC):
+    """Capture a zero-argument step once; replay it many times with fixed shapes."""
+
+    name: str = ""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        """Warm ``fn`` up and capture it. Raises CaptureFailedError with an explanation."""
+
+    def _fail(self, err: BaseException, what: str = "capture") -> CaptureFailedError:
+        expl = explain_capture_error(err)
+        exc = CaptureFailedError(f"{self.name} {what} failed: {expl}", expl)
+        exc.__cause__ = err
+        return exc
+
+
+class _EagerStep(CapturedStep):
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    def replay(self) -> Any:
+        self.output = self.fn()
+        return self.output
+
+
+class EagerBackend(GraphBackend):
+    """No capture: the baseline arm runs the very same step eagerly."""
+
+    name = "eager"
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        return _EagerStep(fn)
+
+
+class _DeviceGraphStep(CapturedStep):
+    def __init__(self, graph: Any, output: Any):
+        self.graph = graph
+        self.output = output
+
+    def replay(self) -> Any:
+        self.graph.replay()
+        return self.output
+
+
+class DeviceGraphBackend(GraphBackend):
+    """Stream capture on CUDA or an Ascend NPU (torch.accelerator.Graph where available)."""
+
+    def __init__(self, device: torch.device, name: str):
+        super().__init__(device)
+        self.name = name
+        self._pool: Any | None = None
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        dev = self.device
+        try:
+            side = new_stream(dev)
+            main = current_stream(dev)
+            side.wait_stream(main)
+            # Warm up on the side stream: lazy inits, autotuning and allocator growth happen
+            # here, outside the capture, on the same stream the capture will use.
+            with stream_context(side):
+                for _ in range(max(1, warmup)):
+                    fn()
+            main.wait_stream(side)
+            synchronize(dev)
+            graph = new_graph(dev, pool=self._pool)
+            with graph_capture(graph, dev, side, pool=self._pool):
+                out = fn()
+            synchronize(dev)
+            if self._pool is None:
+                self._pool = graph_pool_handle(dev, graph)
+        except CaptureFailedError:
+            raise
+        except Exception as err:  # capture errors come as RuntimeError with ACL/CUDA codes
+            raise self._fail(err) from err
+        return _DeviceGraphStep(graph, out)
+
+
+class _CompiledStep(CapturedStep):
+    def __init__(self, compiled: Callable[[], Any], backend: CompileBackend, output: Any):
+        self.compiled = compiled
+        self.backend = backend
+        self.output = output
+
+    def replay(self) -> Any:
+        # A recompile here means a guard failed (a shape or Python value changed): that is
+        # the CPU analogue of replaying a graph whose inputs moved, so it is an error.
+        try:
+            with _no_recompile():
+                self.output = self.compiled()
+        except Exception as err:
+            raise self.backend._fail(err, "replay") from err
+        return self.output
+
+
+@contextlib.contextmanager
+def _no_recompile():
+    cfg = getattr(getattr(torch, "_dynamo", None), "config", None)
+    if cfg is not None and hasattr(cfg, "error_on_recompile"):
+        with cfg.patch(error_on_recompile=True):
+            yield
+    else:  # pragma: no cover - every supported torch has it
+        yield
+
+
+def _fresh_function(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """A copy of ``fn`` with its own code object.
+
+    Dynamo keeps its compiled-graph cache on the code object, so every runner built from the
+    same source line would share (and exhaust) one cache; a fresh code object gives each
+    capture its own, and a recompile then really means a guard failed.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code = fn.__code__.replace()
+    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new
+
+
+class CompileBackend(GraphBackend):
+    """torch.compile with fullgraph=True and static shapes; the CPU stand-in for capture."""
+
+    name = "compile"
+
+    def __init__(self, device: torch.device, mode: str | None = None):
+        super().__init__(device)
+        self.mode = mode if mode is not None else "default"
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        try:
+            compiled = torch.compile(
+                _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
+            )
+            out = None
+            for _ in range(max(1, warmup)):  # the first call traces and compiles
+                out = compiled()
+            synchronize(self.device)
+        except Exception as err:  # dynamo Unsupported, inductor errors, capture errors
+            raise self._fail(err) from err
+        return _CompiledStep(compiled, self, out)
+
+
+def resolve_backend_name(backend: str, device: torch.device) -> str:
+    """``auto`` -> npugraph on NPU, cudagraph on CUDA, compile on CPU; checks the pairing."""
+    if backend not in BACKENDS:
+        raise PyptoCaptureError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return {"npu": "npugraph", "cuda": "cudagraph"}.get(device.type, "compile")
+    want = {"npugraph": "npu", "cudagraph": "cuda"}.get(backend)
+    if want is not None and device.type != want:
+        raise DeviceNotAvailableError(
+            f"backend {backend!r} needs a {want} device but the device is {device}; "
+            f"use backend='auto' or 'compile'"
+        )
+    return backend
+
+
+def make_backend(
+    backend: str = "auto", device: torch.device | str | None = None, **options: Any
+) -> GraphBackend:
+    """Build the backend object for ``backend`` on ``device`` (``None`` -> resolve 'auto')."""
+    dev = resolve_device(device)
+    name = resolve_backend_name(backend, dev)
+    if name == "compile":
+        return CompileBackend(dev, mode=options.get("compile_mode"))
+    if name == "eager":
+        return EagerBackend(dev)
+    return DeviceGraphBackend(dev, name)
+
+
+@dataclass
+class ReplayResult:
+    """Output of the last replay and the wall time of *every* replay (not a mean)."""
+
+    output: Any
+    times_s: list[float] = field(default_factory=list)
+    backend: str = ""
+    capture_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "capture_s": self.capture_s, "times_s": list(self.times_s)}
+
+
+def capture_and_replay(
+    fn: Callable[[], Any],
+    *,
+    warmup: int = 3,
+    replays: int = 10,
+    backend: str | GraphBackend = "auto",
+    device: torch.device | str | None = None,
+) -> ReplayResult:
+    """Capture the zero-argument ``fn`` and replay it ``replays`` times, timing each replay.
+
+    ``fn`` must read its inputs from, and write its outputs to, tensors whose storage is
+    fixed (that is what makes a replay meaningful). Each replay is timed between two device
+    synchronisations, so the times are comparable across backends.
+    """
+    if replays < 1:
+        raise PyptoCaptureError(f"replays must be >= 1, got {replays}")
+    be = backend if isinstance(backend, GraphBackend) else make_backend(backend, device)
+    t0 = time.perf_counter()
+    step = be.capture(fn, warmup=warmup)
+    synchronize(be.device)
+    capture_s = time.perf_counter() - t0
+    times: list[float] = []
+    out = step.output
+    for _ in range(replays):
+        synchronize(be.device)
+        t = time.perf_counter()
+        out = step.replay()
+        synchronize(be.device)
+        times.append(time.perf_counter() - t)
+    return ReplayResult(output=out, times_s=times, backend=be.name, capture_s=capture_s)

@@ -1,0 +1,301 @@
+"""A capture-safe KV cache for transformers 5.8-5.24 decoder models.
+
+Why not transformers' own ``StaticCache``? Its full-attention ``StaticLayer`` is close
+(fixed buffers, ``index_copy_`` at a tensor ``cumulative_length``), but
+``StaticSlidingWindowLayer`` tracks its fill level in a Python int
+(``cumulative_length_int``) and branches on it (roll once the window is full). A replayed
+graph freezes that int and that branch, and under torch.compile every step changes a
+guarded Python value and recompiles; its ``get_mask_sizes`` depends on the same int. So
+sliding-window models (gemma3, mistral, qwen2 with sliding windows) cannot replay it, on
+5.8 or 5.24. We therefore keep transformers' *interface* (we subclass its ``Cache`` and
+``CacheLayerMixin``, so model code calls ``update`` exactly as usual) but own the state:
+
+- every layer is a fixed ring buffer ``[B, kv_heads, L_i, head_dim]`` sized from the
+  real prefill keys, so layers may differ in heads, head_dim and length
+  (``L_i = min(window_i, max_cache_len)`` for sliding layers, ``max_cache_len`` else);
+- one device-side write position ``write_pos`` (shape [1], long) shared by all layers;
+  ``update`` is ``index_copy_(2, write_pos % L_i, k)``: no host work, no Python state;
+- the decode attention mask is computed *on the device* from ``write_pos`` and the
+  prompt's padding (``decode_masks``); it is passed to the model as a prebuilt 4D
+  additive mask, which transformers' mask API returns as is;
+- the caller advances ``write_pos`` in place (``advance()``) between replays.
+
+Ring slots are safe for attention because rotary embeddings are applied before caching:
+key order does not matter, only which slots the mask lets through.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .errors import UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["capture_safe_cache_class", "make_capture_safe_cache"]
+
+_CLASSES: dict[str, type] = {}
+
+
+def _layer_window(layer: Any) -> int | None:
+    win = getattr(layer, "sliding_window", None)
+    return int(win) if isinstance(win, int) and win > 0 else None
+
+
+def capture_safe_cache_class() -> type:
+    """The ``CaptureSafeCache`` class, built on first use (imports transformers lazily)."""
+    if "cache" in _CLASSES:
+        return _CLASSES["cache"]
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class CaptureSafeLayer(CacheLayerMixin):
+        """One layer's ring buffer, written at the shared device-side position."""
+
+        is_compileable = True
+        is_croppable = False
+
+        def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
+            super().__init__()
+            self.max_cache_len = cache_len
+            self.sliding_window = window
+            self.is_sliding = window is not None
+            self.write_pos = write_pos
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            # Only reached when update() runs before load_prefill(): an eager call, never a capture.
+            b, h = key_states.shape[:2]
+            self.device = key_states.device
+            self.keys = key_states.new_zeros((b, h, self.max_cache_len, key_states.shape[-1]))
+            self.values = value_states.new_zeros(
+                (b, value_states.shape[1], self.max_cache_len, value_states.shape[-1])
+            )
+            self.is_initialized = True
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n = key_states.shape[-2]
+            if n == 1:
+                idx = torch.remainder(self.write_pos, self.max_cache_len)
+            else:  # eager multi-token write (must not wrap the ring: n <= L_i)
+                idx = torch.remainder(
+                    self.write_pos + torch.arange(n, device=self.write_pos.device),
+                    self.max_cache_len,
+                )
+            self.keys.index_copy_(2, idx, key_states)
+            self.values.index_copy_(2, idx, value_states)
+            return self.keys, self.values
+
+        def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
+            return self.max_cache_len, 0
+
+        def get_seq_length(self) -> Any:
+            # A 0-d device tensor (like StaticLayer) so reading it never syncs the host.
+            return self.write_pos[0]
+
+        def get_max_length(self) -> int:
+            return self.max_cache_len
+
+        def get_max_cache_shape(self) -> int:  # transformers < 5.2x name
+            return self.max_cache_len
+
+        def reset(self) -> None:
+            # Buffers are left as they are: every slot is rewritten before the mask exposes it.
+            pass
+
+    class CaptureSafeCache(Cache):
+        """Fixed ring buffers + one device-side position; see the module docstring."""
+
+        def __init__(
+            self,
+            *,
+            batch_size: int,
+            max_cache_len: int,
+            windows: list[int | None],
+            layer_types: list[str],
+            device: torch.device,
+        ):
+            self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
+            layers = [
+                CaptureSafeLayer(min(w, max_cache_len) if w else max_cache_len, w, self.write_pos)
+                for w in windows
+            ]
+            super().__init__(layers=layers)
+            self.batch_size_ = batch_size
+            self.max_cache_len = max_cache_len
+            self.layer_types = list(layer_types)
+            self.device = device
+            # Padding of the prompt, per slot, and the left-pad count per row: decode
+            # positions and masks are computed from these on the device.
+            self.kv_valid = torch.ones(batch_size, max_cache_len, dtype=torch.bool, device=device)
+            self.pos_offset = torch.zeros(batch_size, dtype=torch.long, device=device)
+            self._aranges: dict[int, torch.Tensor] = {}
+            lengths: dict[str, int] = {}
+            for t, layer in zip(self.layer_types, self.layers, strict=True):
+                if lengths.setdefault(t, layer.max_cache_len) != layer.max_cache_len:
+                    raise UnsupportedModelError(
+                        f"layers of type {t!r} have different cache lengths; one mask per layer type "
+                        "cannot serve them (report this model to pypto-capture)"
+                    )
+            self.type_lengths = lengths
+            for n in set(lengths.values()):
+                self._aranges[n] = torch.arange(n, device=device)
+
+        # -- host-side (eager) operations ---------------------------------------
+        def load_prefill(self, prefilled: Any, attention_mask: torch.Tensor) -> None:
+            """Copy the keys/values of an eager prefill (a DynamicCache) into the rings.
+
+            ``attention_mask`` is the prompt's 2D mask (left padding); slot ``s`` of the
+            prompt goes to ring index ``s % L_i``. Sliding layers of a DynamicCache hold
+            only the last ``window - 1`` tokens, which is all a later query can see.
+            """
+            b, p = attention_mask.shape
+            if p >= self.max_cache_len:
+                raise UnsupportedModelError(
+                    f"prompt of {p} tokens does not fit max_cache_len={self.max_cache_len}; raise max_cache_len"
+                )
+            src_layers = getattr(prefilled, "layers", None)
+            if src_layers is None or len(src_layers) != len(self.layers):
+                raise UnsupportedModelError(
+                    "the prefill cache has no per-layer tensors matching the model's layers "
+                    f"({type(prefilled).__name__}); this model's cache layout is not supported"
+                )
+            for dst, src in zip(self.layers, src_layers, strict=True):
+                k, v = src.keys, src.values
+                if k is None or k.dim() != 4:
+                    raise UnsupportedModelError(
+                        f"prefill cache layer {type(src).__name__} holds no 4D keys"
+                    )
+                if (
+                    dst.keys is None
+                    or dst.keys.shape[:2] != k.shape[:2]
+                    or dst.keys.shape[-1] != k.shape[-1]
+                ):
+                    dst.keys = k.new_zeros((k.shape[0], k.shape[1], dst.max_cache_len, k.shape[-1]))
+                    dst.values = v.new_zeros(
+                        (v.shape[0], v.shape[1], dst.max_cache_len, v.shape[-1])
+                    )
+                    dst.device = k.device
+                    dst.is_initialized = True
+                    _mark_static(dst.keys, dst.values)
+                n = k.shape[-2]
+                if n > dst.max_cache_len:
+                    k, v, n = (
+                        k[:, :, -dst.max_cache_len :],
+                        v[:, :, -dst.max_cache_len :],
+                        dst.max_cache_len,
+                    )
+                idx = torch.remainder(torch.arange(p - n, p, device=k.device), dst.max_cache_len)
+                dst.keys.index_copy_(2, idx, k.to(dst.keys.dtype))
+                dst.values.index_copy_(2, idx, v.to(dst.values.dtype))
+            am = attention_mask.to(device=self.device, dtype=torch.bool)
+            self.kv_valid.fill_(True)
+            self.kv_valid[:, :p].copy_(am)
+            self.pos_offset.copy_(p - am.long().sum(-1))
+            self.write_pos.fill_(p)
+            _mark_static(self.write_pos, self.kv_valid, self.pos_offset)
+
+        def seq_length(self) -> int:
+            """Tokens written so far (prompt + decoded), read on the host: syncs; not for capture."""
+            return int(self.write_pos.item())
+
+        def reset(self) -> None:
+            self.write_pos.zero_()
+            self.kv_valid.fill_(True)
+            self.pos_offset.zero_()
+
+        # -- device-side (capturable) operations ----------------------------------
+        def advance(self, n: int = 1) -> None:
+            """Move the write position forward in place (a device op, no host sync)."""
+            self.write_pos.add_(n)
+
+        def decode_position_ids(self) -> torch.Tensor:
+            """[B, 1] rotary positions of the token being written (prompt padding excluded)."""
+            return (self.write_pos - self.pos_offset).unsqueeze(-1)
+
+        def decode_masks(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+            """4D additive masks ``[B, 1, 1, L]`` per layer type for a one-token query.
+
+            Ring index ``k`` holds absolute slot ``a_k = c - ((c - k) mod L)`` for the current
+            slot ``c``; it is visible when ``a_k >= 0`` and that slot was not prompt padding.
+            """
+            c = self.write_pos
+            lo = torch.finfo(dtype).min
+            out: dict[str, torch.Tensor] = {}
+            by_len: dict[int, torch.Tensor] = {}
+            for t, n in self.type_lengths.items():
+                if n not in by_len:
+                    k = self._aranges[n]
+                    absolute = c - torch.remainder(c - k, n)
+                    valid = (absolute >= 0) & torch.gather(
+                        self.kv_valid,
+                        1,
+                        absolute.clamp(min=0).unsqueeze(0).expand(self.kv_valid.shape[0], n),
+                    )
+                    zero = torch.zeros((), dtype=dtype, device=valid.device)
+                    neg = torch.full((), lo, dtype=dtype, device=valid.device)
+                    by_len[n] = torch.where(valid, zero, neg)[:, None, None, :]
+                out[t] = by_len[n]
+            return out
+
+    _CLASSES["cache"] = CaptureSafeCache
+    _CLASSES["layer"] = CaptureSafeLayer
+    return CaptureSafeCache
+
+
+def _mark_static(*tensors: torch.Tensor) -> None:
+    """Tell dynamo these buffers keep their address (needed for cudagraph trees)."""
+    mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+    if mark is None:
+        return
+    for t in tensors:
+        try:
+            mark(t)
+        except Exception:  # pragma: no cover - older torch may refuse some tensors
+            log.debug("mark_static_address refused a tensor", exc_info=True)
+
+
+def _layer_types_of(config: Any, n_layers: int) -> list[str]:
+    types_ = getattr(config, "layer_types", None)
+    if isinstance(types_, (list, tuple)) and len(types_) >= n_layers:
+        return [str(t) for t in types_[:n_layers]]
+    return ["full_attention"] * n_layers
+
+
+def make_capture_safe_cache(
+    model: Any,
+    *,
+    batch_size: int,
+    max_cache_len: int,
+    device: torch.device,
+    prefilled: Any | None = None,
+) -> Any:
+    """Build a ``CaptureSafeCache`` for ``model``.
+
+    Per-layer windows come from the layers of an eager prefill cache when given (what
+    transformers itself decided for this model), else from ``config.layer_types`` and
+    ``config.sliding_window``.
+    """
+    config = getattr(model, "config", model)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = int(text_config.num_hidden_layers)
+    layer_types = _layer_types_of(text_config, n_layers)
+    src_layers = getattr(prefilled, "layers", None) if prefilled is not None else None
+    if src_layers is not None and len(src_layers) == n_layers:
+        windows = [_layer_window(layer) for layer in src_layers]
+    else:
+        win = getattr(text_config, "sliding_window", None)
+        windows = [int(win) if ("sliding" in t and win) else None for t in layer_types]
+    cls = capture_safe_cache_class()
+    return cls(
+        batch_size=batch_size,
+        max_cache_len=max_cache_len,
+        windows=windows,
+        layer_types=layer_types,
+        device=device,
+    )

@@ -1,0 +1,255 @@
+"""Decode-step runner: eager prefill, one captured token step, N in-place replays.
+
+This is what a graph arm in a decode benchmark must time: the *decode* step (one token
+in, one token out), not a prefill-shaped forward. The step reads the token buffer,
+runs the model against the capture-safe cache, writes the greedy token back into the
+same buffer and advances the device-side position in place, so a replay needs no host
+work and no new inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from . import _hf
+from .backends import GraphBackend, make_backend
+from .cache import make_capture_safe_cache
+from .device import resolve_device
+from .errors import PyptoCaptureError, UnsupportedModelError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DecodeStepRunner"]
+
+
+class DecodeStepRunner:
+    """Greedy decoding with a captured one-token step (see the module docstring).
+
+    ``backend``: "auto" (npugraph on NPU, cudagraph on CUDA, compile on CPU), "npugraph",
+    "cudagraph", "compile", or "eager" (the same static-cache step without capture, the
+    baseline). Prefill runs eagerly through the model's own cache path (bit-identical to
+    ``generate``'s prefill) and its keys/values are copied into the capture-safe cache.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        batch_size: int,
+        max_cache_len: int,
+        backend: str | GraphBackend = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        warmup: int = 2,
+        compile_mode: str | None = None,
+    ):
+        if batch_size < 1 or max_cache_len < 2:
+            raise PyptoCaptureError(
+                f"batch_size must be >= 1 and max_cache_len >= 2 (got {batch_size}, {max_cache_len})"
+            )
+        mdev, mdtype = _hf.model_device_dtype(model)
+        dev = resolve_device(device) if device is not None else mdev
+        if dev != mdev or (dtype is not None and dtype != mdtype):
+            log.info("moving model to %s / %s for decode", dev, dtype or mdtype)
+            model.to(device=dev, dtype=dtype or mdtype)
+        self.model = model
+        self.device = dev
+        self.dtype = dtype or mdtype
+        self.batch_size = batch_size
+        self.max_cache_len = max_cache_len
+        self.warmup = warmup
+        self.backend = (
+            backend
+            if isinstance(backend, GraphBackend)
+            else make_backend(backend, dev, compile_mode=compile_mode)
+        )
+        self._cache_kw = _hf.cache_kwarg(model)
+        params = _hf.forward_params(model)
+        self._logits_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        self._mask_mapping = _hf.accepts_mask_mapping(model)
+        self.cache: Any = None
+        self.tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        self._captured: Any = None
+        self._host_pos = 0  # host mirror of the cache position: bookkeeping without syncs
+        self.capture_s = 0.0
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def captured(self) -> bool:
+        return self._captured is not None
+
+    # -- prefill ----------------------------------------------------------------
+    def _model_kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {"use_cache": True}
+        if self._logits_kw:
+            kw[self._logits_kw] = 1
+        return kw
+
+    @torch.no_grad()
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the prompt eagerly, fill the capture-safe cache, return the first greedy token [B]."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != self.batch_size:
+            raise PyptoCaptureError(
+                f"input_ids must be [batch_size={self.batch_size}, prompt_len], got {tuple(input_ids.shape)}"
+            )
+        b, p = input_ids.shape
+        if p + 1 > self.max_cache_len:
+            raise PyptoCaptureError(
+                f"prompt of {p} tokens leaves no room in max_cache_len={self.max_cache_len}; raise max_cache_len"
+            )
+        input_ids = input_ids.to(self.device)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        attention_mask = attention_mask.to(self.device)
+        am = attention_mask.long()
+        # Only left padding keeps one write slot for every row (what generate uses for decoder-only).
+        if bool((am[:, -1] == 0).any()):
+            raise PyptoCaptureError(
+                "attention_mask must be left-padded (last column all ones) for batched decode"
+            )
+        position_ids = (am.cumsum(-1) - 1).masked_fill(am == 0, 0)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **self._model_kwargs(),
+        )
+        prefilled = _hf.output_cache(out)
+        if prefilled is None:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} returned no KV cache from a use_cache=True forward; "
+                "it cannot be decoded step by step"
+            )
+        if self.cache is None:
+            self.cache = make_capture_safe_cache(
+                self.model,
+                batch_size=b,
+                max_cache_len=self.max_cache_len,
+                device=self.device,
+                prefilled=prefilled,
+            )
+        self.cache.load_prefill(prefilled, attention_mask)
+        self._host_pos = p
+        first = out.logits[:, -1, :].argmax(-1)
+        self.tok.copy_(first.unsqueeze(-1))
+        return first
+
+    # -- the captured step -------------------------------------------------------
+    def _step(self) -> torch.Tensor:
+        cache = self.cache
+        masks = cache.decode_masks(self.dtype)
+        if self._mask_mapping:
+            mask: Any = masks
+        else:
+            mask = next(iter(masks.values()))
+        out = self.model(
+            input_ids=self.tok,
+            attention_mask=mask,
+            position_ids=cache.decode_position_ids(),
+            **{self._cache_kw: cache},
+            **self._model_kwargs(),
+        )
+        nxt = out.logits[:, -1, :].argmax(-1)
+        self.tok.copy_(nxt.unsqueeze(-1))
+        cache.advance(1)
+        return self.tok
+
+    def _check_model_layout(self) -> None:
+        types_ = set(self.cache.layer_types)
+        if not self._mask_mapping and len(set(self.cache.type_lengths.values())) > 1:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} mixes layer types {sorted(types_)} but its forward takes a "
+                "single mask; pypto-capture cannot give each layer type its own mask"
+            )
+
+    def capture(self) -> None:
+        """Capture (or compile) the one-token step once; raises CaptureFailedError on failure.
+
+        Capturing runs the step during warmup (and torch.compile runs it while tracing), which
+        would write cache slots and move the position: the state is snapshotted and restored
+        around it, so capture() is safe between prefill() and decode().
+        """
+        if self._captured is not None:
+            return
+        import time
+
+        fresh = self.cache is None
+        if fresh:  # capture before any prompt: prefill a dummy token to size the cache
+            self.prefill(torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device))
+        self._check_model_layout()
+        snap = self._snapshot()
+        t0 = time.perf_counter()
+        try:
+            with torch.no_grad():
+                self._captured = self.backend.capture(self._step, warmup=self.warmup)
+        finally:
+            self._restore(snap)
+        self.capture_s = time.perf_counter() - t0
+        if fresh:
+            self.reset()
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        tensors = [self.tok, self.cache.write_pos]
+        for layer in self.cache.layers:
+            tensors += [layer.keys, layer.values]
+        return [t.clone() for t in tensors]
+
+    def _restore(self, snap: list[torch.Tensor]) -> None:
+        tensors = [self.tok, self.cache.write_pos]
+        for layer in self.cache.layers:
+            tensors += [layer.keys, layer.values]
+        with torch.no_grad():
+            for dst, src in zip(tensors, snap, strict=True):
+                dst.copy_(src)
+
+    # -- decode ------------------------------------------------------------------
+    @torch.no_grad()
+    def decode(self, first_token: torch.Tensor, steps: int) -> torch.Tensor:
+        """Replay the captured step ``steps`` times; returns greedy tokens [B, steps].
+
+        ``first_token`` (from prefill) is the input of the first step and is not included.
+        Nothing in the loop reads device values on the host.
+        """
+        if self.cache is None or self._host_pos == 0:
+            raise PyptoCaptureError("call prefill() before decode()")
+        if steps < 0:
+            raise PyptoCaptureError(f"steps must be >= 0, got {steps}")
+        if self._host_pos + steps > self.max_cache_len:
+            raise PyptoCaptureError(
+                f"{steps} steps after {self._host_pos} cached tokens exceed max_cache_len={self.max_cache_len}"
+            )
+        self.capture()
+        tokens = torch.empty(self.batch_size, steps, dtype=torch.long, device=self.device)
+        self.tok.copy_(first_token.reshape(self.batch_size, 1).to(self.device))
+        step = self._captured
+        for i in range(steps):
+            out = step.replay()
+            tokens[:, i].copy_(out[:, 0])
+        self._host_pos += steps
+        return tokens
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 16,
+    ) -> torch.Tensor:
+        """prefill + decode: greedy new tokens [B, max_new_tokens] (no EOS stopping)."""
+        self.reset()
+        first = self.prefill(input_ids, attention_mask)
+        rest = self.decode(first, max_new_tokens - 1)
+        return torch.cat([first.unsqueeze(-1), rest], dim=-1)
+
+    def reset(self) -> None:
+        """Rewind the cache and position for a new prompt with the same shapes (graph stays valid)."""
+        if self.cache is not None:
+            self.cache.reset()
+        self._host_pos = 0

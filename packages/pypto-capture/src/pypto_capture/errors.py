@@ -1,0 +1,40 @@
+"""Typed errors of pypto-capture.
+
+Every error carries a one-line message that names the problem and the fix, so a CLI
+can print ``str(err)`` as is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .explain import CaptureExplanation
+
+
+class PyptoCaptureError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class DeviceNotAvailableError(PyptoCaptureError):
+    """The requested device (or any accelerator for ``"auto"`` with ``require``) is absent."""
+
+
+class CaptureFailedError(PyptoCaptureError):
+    """Capturing (or compiling with fullgraph) a region failed.
+
+    ``explanation`` says why in structured form; ``__cause__`` is the original error.
+    """
+
+    def __init__(self, message: str, explanation: CaptureExplanation, stage: str | None = None):
+        super().__init__(message)
+        self.explanation = explanation
+        self.stage = stage
+
+
+class UnsupportedModelError(PyptoCaptureError):
+    """The model lacks something the capture path needs (e.g. a KV cache interface)."""
+
+
+class CaptureUnsafeConfigError(PyptoCaptureError):
+    """The model's configuration is known to break capture (e.g. SDPA on an NPU)."""

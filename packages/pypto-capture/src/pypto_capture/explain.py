@@ -1,0 +1,261 @@
+"""Turn a capture failure into a structured cause and fix.
+
+Capture errors surface as opaque runtime codes (ACL ``107025``, CUDA ``900``) or as
+long dynamo messages. The table below (from shared/facts.md, "Capture failures") maps
+them to the usual cause in LLM decode capture and the mitigation this package offers.
+Matching is by numeric code first (the most specific signal), then by message pattern.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+__all__ = ["KNOWN_CAUSES", "CaptureExplanation", "explain_capture_error"]
+
+
+@dataclass(frozen=True)
+class CaptureExplanation:
+    """Why a capture failed and what to do. ``matched`` is False for unknown errors."""
+
+    code: str | None
+    name: str
+    cause: str
+    fix: str
+    matched: bool
+    message: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        head = f"[{self.code}] {self.name}" if self.code else self.name
+        return f"{head}: {self.cause} -> fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    code: str
+    name: str
+    cause: str
+    fix: str
+    patterns: tuple[str, ...] = ()
+
+
+_BISECT = "run pypto_capture.bisect_capture(model) to find the first failing stage"
+
+KNOWN_CAUSES: tuple[_Rule, ...] = (
+    # --- Ascend ACL runtime codes (rt_error_codes.h) -------------------------------
+    _Rule(
+        "107025",
+        "ACL_ERROR_RT_STREAM_UNJOINED",
+        "a side stream forked during capture was not joined before capture end: the default SDPA "
+        "fused NPU kernel runs on a side stream; host sync in mask or rotary preparation also does it",
+        'load with attn_implementation="eager"; apply_capture_mitigations(model) for a prebuilt '
+        "additive mask and precomputed cos/sin",
+        ("stream_unjoined", "unjoined"),
+    ),
+    _Rule(
+        "107027",
+        "ACL_ERROR_RT_STREAM_CAPTURED",
+        "an op needing a copy/side stream or a host sync ran during capture: MoE argsort(int64) on "
+        "AICPU, .item() in mask code, a sliding-window mask build, a qk-norm path",
+        "static MoE routing (pypto_capture.StaticMoERouting: fixed assignment, routing tables built "
+        f"before capture); otherwise {_BISECT}",
+        ("stream_captured",),
+    ),
+    _Rule(
+        "107030",
+        "ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT",
+        "a host-to-device copy during capture (DynamicCache host bookkeeping, advancing the cache "
+        "length from Python)",
+        "use the capture-safe KV cache (pypto_capture.CaptureSafeCache / DecodeStepRunner): fixed "
+        "slots, index_copy_, a device-side position advanced in place between replays",
+        ("capture_mode_not_support", "capture mode not support"),
+    ),
+    _Rule(
+        "507015",
+        "ACL_ERROR_RT_AICORE_EXCEPTION",
+        "a kernel (e.g. a PyPTO grouped GEMM) was fed a growing or dynamic shape",
+        "fix every shape before capture; bucket-pad the token count N to a few sizes",
+        ("aicore_exception", "aicore exception"),
+    ),
+    _Rule(
+        "507011",
+        "ACL_ERROR_RT_AICORE_TIMEOUT (seen with MoE)",
+        "expert routing tables (cumsum of per-expert counts) rebuilt inside the captured region",
+        "compute routing tables before capture (pypto_capture.StaticMoERouting)",
+        ("aicore_timeout",),
+    ),
+    _Rule(
+        "107024",
+        "ACL_ERROR_RT_CAPTURE_DEPENDENCY",
+        "captured work depends on work outside the capture (an event or stream dependency that "
+        "crosses the capture boundary)",
+        f"record/wait events only on the capture stream; warm up before capture; {_BISECT}",
+        ("capture_dependency",),
+    ),
+    _Rule(
+        "107029",
+        "ACL_ERROR_RT_STREAM_NOT_CAPTURED",
+        "an operation expected a capturing stream but ran on one that is not being captured",
+        "issue all captured work on the capture stream (one side stream entered for the whole region)",
+        ("stream_not_captured",),
+    ),
+    _Rule(
+        "107031",
+        "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT",
+        "work was issued on the implicit default stream while another stream was capturing",
+        "never capture on the default stream; keep every op of the region on the side stream",
+        ("capture_implicit",),
+    ),
+    _Rule(
+        "107038",
+        "ACL_ERROR_RT_CAPTURE_WRONG_THREAD",
+        "capture was ended (or work issued) from a different thread than the one that began it",
+        "begin and end capture on the same thread; avoid thread pools in the captured step",
+        ("wrong_thread", "wrong thread"),
+    ),
+    _Rule(
+        "507903",
+        "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
+        "the capture was invalidated by an earlier unsupported operation in the same region",
+        f"look for the first error in the log (often 107027/107030); {_BISECT}",
+        ("capture_invalidated",),
+    ),
+    # --- CUDA ---------------------------------------------------------------------
+    _Rule(
+        "900",
+        "cudaErrorStreamCaptureUnsupported",
+        "an operation not permitted while a stream is capturing ran in the region: a host sync "
+        "(.item(), .cpu(), data-dependent Python if), pinned-memory allocation, or a side stream",
+        "remove host syncs from the step (device-side position, prebuilt mask, no .item()); "
+        f"apply_capture_mitigations(model); {_BISECT}",
+        ("operation not permitted when stream is capturing", "streamcaptureunsupported"),
+    ),
+    _Rule(
+        "901",
+        "cudaErrorStreamCaptureInvalidated",
+        "the capture was invalidated by an earlier unsupported operation (see the first error)",
+        f"fix the first failing op (often a host sync); {_BISECT}",
+        (
+            "capture sequence has been invalidated",
+            "streamcaptureinvalidated",
+            "capture invalidated",
+        ),
+    ),
+    # --- torch.compile / dynamo / inductor ----------------------------------------
+    _Rule(
+        "dynamic_shape",
+        "data-dependent or dynamic shape",
+        "an op whose output shape depends on data (nonzero, masked_select, unique, boolean "
+        "indexing) or an input whose shape changes between calls",
+        "keep shapes fixed: pad to a static size, replace data-dependent selects by masks; for "
+        "MoE use StaticMoERouting",
+        (
+            "dynamic shape operator",
+            "data-dependent output shape",
+            "data dependent output shape",
+            "guardondatadependentsymnode",
+            "could not guard on data-dependent expression",
+            "dynamic shapes",
+            "recompil",
+        ),
+    ),
+    _Rule(
+        "graph_break",
+        "torch.compile graph break",
+        "the region cannot be traced as one graph: a host sync (.item(), .tolist(), .cpu()), a "
+        "data-dependent Python branch, print/logging, or an untraceable call",
+        "move host work out of the step (device-side position, prebuilt mask, precomputed cos/sin "
+        "via apply_capture_mitigations); the message names the op",
+        (
+            "graph break",
+            "tensor.item",
+            ".item()",
+            "unsupported:",
+            "data-dependent branching",
+            "generic_jump",
+            "call_function",
+            "torch._dynamo.exc",
+        ),
+    ),
+    _Rule(
+        "skipping_cudagraphs",
+        "inductor skipped cudagraphs",
+        "inductor ran the compiled graph without CUDA graphs (mutated inputs, CPU tensors, "
+        "dynamic shapes or incompatible ops in the region)",
+        "mark cache buffers static (torch._dynamo.mark_static_address), keep all inputs on the "
+        "device with fixed shapes; the reason follows 'skipping cudagraphs due to'",
+        ("skipping cudagraphs",),
+    ),
+    _Rule(
+        "multinomial",
+        "sampling inside the captured region",
+        "torch.multinomial / random sampling syncs or changes shape in the region",
+        "capture greedy argmax, or sample outside the graph with a pre-generated noise buffer",
+        ("multinomial",),
+    ),
+)
+
+_CODE_RE = re.compile(r"(?<![\d.])(10\d{4}|50\d{4}|90[01])(?![\d.])")
+_BY_CODE = {r.code: r for r in KNOWN_CAUSES if r.code.isdigit()}
+
+
+def _message_of(err: BaseException | str) -> str:
+    if isinstance(err, str):
+        return err
+    parts = [f"{type(err).__module__}.{type(err).__name__}: {err}"]
+    seen = {id(err)}
+    cur: BaseException | None = err.__cause__ or err.__context__
+    while cur is not None and id(cur) not in seen:  # chained causes carry the runtime code
+        seen.add(id(cur))
+        parts.append(f"{type(cur).__module__}.{type(cur).__name__}: {cur}")
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(parts)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def explain_capture_error(err: BaseException | str) -> CaptureExplanation:
+    """Structured cause and fix for a capture failure (exception or recorded log text).
+
+    Unknown errors come back with ``matched=False`` and advice to bisect, never raise.
+    """
+    text = _message_of(err)
+    low = text.lower()
+    rule: _Rule | None = None
+    # 1. explicit runtime codes: the most specific signal. Prefer codes we know, in text order.
+    for m in _CODE_RE.finditer(text):
+        if m.group(1) in _BY_CODE:
+            # "900"/"901" are short: require an error-ish context to avoid matching e.g. sizes.
+            if m.group(1) in ("900", "901") and not re.search(r"cuda|error|code", low):
+                continue
+            rule = _BY_CODE[m.group(1)]
+            break
+    # 2. message patterns, in table order (specific before generic).
+    if rule is None:
+        for r in KNOWN_CAUSES:
+            if any(p in low for p in r.patterns):
+                rule = r
+                break
+    if rule is None:
+        return CaptureExplanation(
+            code="unknown",
+            name="unrecognised capture error",
+            cause="this error is not in pypto-capture's table of known capture failures",
+            fix=f"{_BISECT}; then report the message with the failing stage",
+            matched=False,
+            message=_one_line(text),
+        )
+    return CaptureExplanation(
+        code=rule.code,
+        name=rule.name,
+        cause=rule.cause,
+        fix=rule.fix,
+        matched=True,
+        message=_one_line(text),
+    )
