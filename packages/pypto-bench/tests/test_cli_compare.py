@@ -264,3 +264,75 @@ def test_compare_rejects_non_reports(tmp_path, decode_report, capsys):
     code = main(["compare", str(path), str(bad)])
     assert code == EXIT_BAD_INPUT
     assert "invalid report" in _one_line_error(capsys)
+
+
+_GRAPH_BREAK_MODEL = """
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class GraphBreakConfig(LlamaConfig):
+    model_type = "pypto_graph_break"
+
+
+class GraphBreakLM(LlamaForCausalLM):
+    config_class = GraphBreakConfig
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        # A host read of a device value: a real graph break / capture failure.
+        if out.logits.abs().max().item() > 1e30:
+            raise RuntimeError("unreachable")
+        return out
+"""
+
+
+def test_graph_capture_failure_is_isolated_and_explained(tiny_llama, tmp_path, capsys):
+    folder = tmp_path / "graphbreak"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "modeling_graph_break.py").write_text(_GRAPH_BREAK_MODEL)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(
+        model_type="pypto_graph_break",
+        architectures=["GraphBreakLM"],
+        auto_map={
+            "AutoConfig": "modeling_graph_break.GraphBreakConfig",
+            "AutoModelForCausalLM": "modeling_graph_break.GraphBreakLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "run",
+            "--model-path",
+            str(folder),
+            "--device",
+            "cpu",
+            "--trust-remote-code",
+            "--gen",
+            "4",
+            "--seq",
+            "4",
+            "--warmup",
+            "0",
+            "--iters",
+            "1",
+            "--arms",
+            "graph,eager",
+            "--graph-backend",
+            "compile",
+            "--no-bandwidth",
+            "--report-file",
+            str(out),
+        ]
+    )
+    assert code == EXIT_JOB_FAILED
+    data = json.loads(out.read_text())
+    graph, eager = data["arms"]
+    assert not graph["ok"]
+    assert graph["explanation"]["code"] is not None
+    assert graph["bisect"] is not None
+    assert eager["ok"]
+    assert eager["tokens_per_s"]["best"] > 0
+    err = capsys.readouterr().err
+    assert "graph" in err

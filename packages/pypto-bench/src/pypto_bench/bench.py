@@ -323,7 +323,7 @@ def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
         device=ctx.device,
         dtype=dtype,
     )
-    arm.details["runner_backend"] = str(getattr(runner, "backend", cfg.graph_backend))
+    arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
 
     def once() -> tuple[Any, float, float]:
         runner.reset()
@@ -339,6 +339,7 @@ def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
         runner.capture()
         synchronize(ctx.device)
         arm.details["capture_s"] = time.perf_counter() - start
+        runner.reset()
         for i in range(cfg.warmup):
             once()
             _tick(ctx, arm.name, i + 1)
@@ -411,6 +412,8 @@ def _run_graph_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
     _tick(ctx, arm.name, cfg.warmup + cfg.iters)
     mem.sample()
     times = list(result.times_s)
+    arm.details["backend"] = getattr(result, "backend", cfg.graph_backend)
+    arm.details["capture_s"] = getattr(result, "capture_s", None)
     _fill_prefill(ctx, arm, times)
     return result.output.argmax(-1)
 
@@ -447,6 +450,7 @@ def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None)
     calls = {"n": 0}
     if forward is not None:
         inner = forward
+        arm.details["backend"] = getattr(inner, "backend_name", None)
 
         def forward(ids: Any) -> Any:
             calls["n"] += 1
@@ -480,34 +484,39 @@ def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None)
 
 
 def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
-    """A compiled whole-sequence forward for the diffusion graph arm.
+    """A captured whole-sequence forward for the diffusion graph arm.
 
-    Denoising steps run the same [B, prompt+gen] shape every time, so a static graph
-    fits. pypto-capture's contract has no reusable captured-callable API, so this arm
-    uses torch.compile directly: CUDA graphs through mode="reduce-overhead" on CUDA,
-    inductor elsewhere. NPU graph capture of this path is not implemented.
+    Every denoising step runs the same [B, prompt+gen] shape, so one capture serves them
+    all: ids are copied into a static buffer and pypto-capture's backend (npugraph,
+    cudagraph, compile or eager, as for decode) replays the captured forward. The
+    returned logits live in the graph's static output: the model must consume them
+    before its next forward call, which a denoising loop does.
     """
     import torch
 
-    backend = ctx.config.graph_backend
-    dev = ctx.device.type
-    if backend == "auto":
-        backend = {"cuda": "cudagraph", "npu": "npugraph"}.get(dev, "compile")
+    from pypto_capture import make_backend
+
+    cfg = ctx.config
+    backend = make_backend(cfg.graph_backend, ctx.device)
     model = ctx.model
+    static_ids = torch.zeros(cfg.batch, cfg.seq + cfg.gen, dtype=torch.long, device=ctx.device)
+    state: dict[str, Any] = {}
+
+    def step() -> Any:
+        return model(input_ids=static_ids, use_cache=False).logits
 
     def forward(ids: Any) -> Any:
-        return model(input_ids=ids, use_cache=False).logits
+        if tuple(ids.shape) != tuple(static_ids.shape):
+            raise RuntimeError(
+                f"diffusion forward called with shape {tuple(ids.shape)}, captured {tuple(static_ids.shape)}"
+            )
+        static_ids.copy_(ids)
+        if "step" not in state:
+            state["step"] = backend.capture(step, warmup=1)
+        return state["step"].replay()
 
-    if backend == "eager":
-        return forward
-    if backend == "compile":
-        return torch.compile(forward, dynamic=False)
-    if backend == "cudagraph" and dev == "cuda":
-        return torch.compile(forward, dynamic=False, mode="reduce-overhead")
-    raise RuntimeError(
-        f"graph backend {backend!r} is not available for diffusion-generate on {dev}: "
-        "use --graph-backend compile"
-    )
+    forward.backend_name = backend.name  # type: ignore[attr-defined]
+    return forward
 
 
 # --- arms -----------------------------------------------------------------------------
@@ -551,7 +560,8 @@ def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
 
 
 def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
-    from pypto_capture import CaptureFailedError, bisect_capture, explain_capture_error
+    import pypto_capture
+    from pypto_capture import CaptureFailedError, explain_capture_error
 
     arm.ok = False
     arm.error = f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
@@ -561,6 +571,13 @@ def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
     except Exception as inner:  # explaining must never mask the original failure
         arm.explanation = {"code": None, "matched": False, "cause": f"explain failed: {inner}"}
     if isinstance(err, CaptureFailedError):
+        bisect_capture = getattr(pypto_capture, "bisect_capture", None)
+        if bisect_capture is None:
+            arm.bisect = {
+                "failed_stage": None,
+                "error": "this pypto-capture has no bisect_capture()",
+            }
+            return
         try:
             arm.bisect = bisect_capture(
                 ctx.model, backend=ctx.config.graph_backend, device=ctx.device
