@@ -1,0 +1,89 @@
+"""pypto-bench: smoke gate and eager / graph / pypto+graph throughput bench.
+
+Library first; the ``pypto-bench`` CLI is a thin layer over these functions.
+"""
+
+from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig, run_bench
+from .coherence import coherence_score, degenerate_reason
+from .compare import Comparison, compare, plot
+from .errors import (
+    BadInputError,
+    BenchError,
+    CompareMismatchError,
+    DegenerateOutputError,
+    EnvironmentMissingError,
+    GenerationError,
+    ModelLoadError,
+    ModelNotFoundError,
+    PluginError,
+    RegimeNotSupportedError,
+    ReportPathError,
+)
+from .plugins import register_plugin, unregister_plugin
+from .report import (
+    SCHEMA_VERSION,
+    ArmResult,
+    Report,
+    format_table,
+    load_report,
+    report_to_markdown,
+    schema,
+    validate_report,
+    write_report,
+)
+from .smoke import SmokeResult, smoke
+
+__version__ = "0.1.0"
+
+# The diffusion module imports torch and transformers at import time; keeping it lazy
+# lets the CLI set NPU environment variables before torch is first imported.
+_LAZY = {"DiffusionOutput", "make_tiny_diffusion_model", "supports_diffusion"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from . import diffusion
+
+        return getattr(diffusion, name)
+    raise AttributeError(f"module 'pypto_bench' has no attribute {name!r}")
+
+
+__all__ = [
+    "ARMS",
+    "GRAPH_BACKENDS",
+    "REGIMES",
+    "SCHEMA_VERSION",
+    "ArmResult",
+    "BadInputError",
+    "BenchConfig",
+    "BenchError",
+    "CompareMismatchError",
+    "Comparison",
+    "DegenerateOutputError",
+    "DiffusionOutput",
+    "EnvironmentMissingError",
+    "GenerationError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "PluginError",
+    "RegimeNotSupportedError",
+    "Report",
+    "ReportPathError",
+    "SmokeResult",
+    "coherence_score",
+    "compare",
+    "degenerate_reason",
+    "format_table",
+    "load_report",
+    "make_tiny_diffusion_model",
+    "plot",
+    "register_plugin",
+    "report_to_markdown",
+    "run_bench",
+    "schema",
+    "smoke",
+    "supports_diffusion",
+    "unregister_plugin",
+    "validate_report",
+    "write_report",
+]

@@ -1,0 +1,5 @@
+"""``python -m pypto_bench`` == ``pypto-bench`` (for machines where only PYTHONPATH is set)."""
+
+from .cli import main
+
+raise SystemExit(main())

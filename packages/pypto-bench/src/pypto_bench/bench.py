@@ -1,0 +1,752 @@
+"""``run_bench``: one model, one regime, several arms, one report.
+
+Timing rules every arm follows (the point of this package):
+
+* the same regime, the same inputs, the same ``warmup`` and ``iters`` for every arm;
+  each measured iteration is one sample, and every arm reports all samples plus best,
+  median, mean and stdev;
+* each timed span starts and ends with a device synchronize;
+* decode excludes prefill. Eager decode runs HF ``generate``; a logits processor stamps
+  the time (after a synchronize) when the first logits exist, i.e. right after the
+  prefill forward. Time to first token = that stamp - start; decode time = end - stamp.
+  The graph arms time ``DecodeStepRunner.prefill`` and ``decode`` separately. Decode
+  tokens = tokens produced after the first one (which the prefill produced), per row up
+  to and including EOS, summed over the batch;
+* memory peaks are reset before each arm; model load is reported on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import (
+    BadInputError,
+    EnvironmentMissingError,
+    RegimeNotSupportedError,
+)
+from .measure import (
+    count_tokens,
+    kv_bytes_per_token,
+    match_rate,
+    measure_bandwidth,
+    roofline,
+    summarize,
+    summarize_seconds,
+    weight_bytes_read_per_step,
+)
+from .report import ArmResult, Report, check_report_path, new_report
+
+log = logging.getLogger(__name__)
+
+REGIMES = ("prefill", "decode", "diffusion-generate")
+ARMS = ("eager", "graph", "pypto+graph")
+GRAPH_BACKENDS = ("auto", "compile", "cudagraph", "npugraph", "eager")
+
+ProgressFn = Callable[[str, int, int], None]
+
+# Prompt text the synthetic inputs are cut from: natural text keeps byte-level and BPE
+# tokenizers in their ordinary regime; rows start at different offsets so a batch is
+# not B copies of one sequence.
+_PROMPT_TEXT = (
+    "The history of computing is a story of machines that learned to remember, to "
+    "calculate and finally to converse. Early engineers wired logic by hand; later "
+    "generations wrote compilers, operating systems and networks that span the world. "
+    "Today a single accelerator multiplies matrices faster than a room of mainframes, "
+    "and the bottleneck is often memory: every generated word reads the model's weights "
+    "once more from high-bandwidth memory into the compute units. "
+)
+
+
+@dataclass
+class BenchConfig:
+    """Everything a run depends on; defaults match the seed harness."""
+
+    model_path: str | None = field(default_factory=lambda: os.environ.get("MODEL_PATH"))
+    device: str = "0"
+    regime: str = "decode"
+    seq: int = 16
+    gen: int = 128
+    batch: int = 1
+    arms: tuple[str, ...] = ("eager", "graph")
+    warmup: int = 2
+    iters: int = 3
+    dtype: str = "auto"
+    graph_backend: str = "auto"
+    seed: int = 0
+    attn_implementation: str | None = None
+    trust_remote_code: bool = False
+    ignore_eos: bool = False
+    diffusion_steps: int | None = None
+    block_length: int | None = None
+    report_file: str | None = None
+    measure_bandwidth: bool = True
+    command_line: list[str] | None = None
+
+    def validate(self) -> None:
+        """Reject bad requests before anything is loaded or written."""
+        from .loading import DTYPES
+
+        if self.regime not in REGIMES:
+            raise BadInputError(
+                f"unknown regime {self.regime!r}: choose one of {', '.join(REGIMES)}"
+            )
+        arms = tuple(self.arms)
+        if not arms:
+            raise BadInputError(
+                "no arms requested: pass --arms eager,graph (any of eager, graph, pypto+graph)"
+            )
+        for arm in arms:
+            if arm not in ARMS:
+                raise BadInputError(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
+        if len(set(arms)) != len(arms):
+            raise BadInputError(f"arm listed twice in {','.join(arms)}: list each arm once")
+        if self.gen < 1:
+            raise BadInputError(f"--gen must be >= 1 (got {self.gen})")
+        if self.regime == "decode" and self.gen < 2:
+            raise BadInputError(
+                "the decode regime needs --gen >= 2 (the first token comes from prefill)"
+            )
+        for name in ("seq", "batch", "iters"):
+            if getattr(self, name) < 1:
+                raise BadInputError(f"--{name} must be >= 1 (got {getattr(self, name)})")
+        if self.warmup < 0:
+            raise BadInputError(f"--warmup must be >= 0 (got {self.warmup})")
+        if self.dtype not in DTYPES:
+            raise BadInputError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.graph_backend not in GRAPH_BACKENDS:
+            raise BadInputError(
+                f"unknown graph backend {self.graph_backend!r}: choose one of {', '.join(GRAPH_BACKENDS)}"
+            )
+        if self.diffusion_steps is not None and self.diffusion_steps < 1:
+            raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
+        if self.block_length is not None and (
+            self.block_length < 1 or self.gen % self.block_length
+        ):
+            raise BadInputError(
+                f"--block-length must divide --gen ({self.gen}); got {self.block_length}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_path": str(self.model_path) if self.model_path else None,
+            "device": str(self.device),
+            "regime": self.regime,
+            "seq": self.seq,
+            "gen": self.gen,
+            "batch": self.batch,
+            "arms": list(self.arms),
+            "warmup": self.warmup,
+            "iters": self.iters,
+            "dtype": self.dtype,
+            "graph_backend": self.graph_backend,
+            "seed": self.seed,
+            "attn_implementation": self.attn_implementation,
+            "trust_remote_code": self.trust_remote_code,
+            "ignore_eos": self.ignore_eos,
+            "diffusion_steps": self.effective_diffusion_steps,
+            "block_length": self.block_length,
+        }
+
+    @property
+    def effective_diffusion_steps(self) -> int | None:
+        if self.regime != "diffusion-generate":
+            return None
+        return self.diffusion_steps or self.gen
+
+
+def make_prompt_ids(tokenizer: Any, batch: int, seq: int, special_ids: set[int]) -> Any:
+    """[batch, seq] token ids without special tokens; rows start at different offsets."""
+    import torch
+
+    ids = [
+        t
+        for t in tokenizer(_PROMPT_TEXT, add_special_tokens=False)["input_ids"]
+        if t not in special_ids
+    ]
+    if not ids:
+        raise BadInputError("the tokenizer produced no ordinary tokens for the prompt text")
+    need = seq + 7 * batch
+    while len(ids) < need:
+        ids = ids + ids
+    rows = [ids[7 * b : 7 * b + seq] for b in range(batch)]
+    return torch.tensor(rows, dtype=torch.long)
+
+
+class _FirstLogitsStamp:
+    """Logits processor that records when the prefill's logits exist (synchronized)."""
+
+    def __init__(self, device: Any, synchronize: Callable[[Any], None]) -> None:
+        self.device = device
+        self.synchronize = synchronize
+        self.stamp: float | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.stamp is None:
+            self.synchronize(self.device)
+            self.stamp = time.perf_counter()
+        return scores
+
+
+@dataclass
+class _Ctx:
+    """What every arm runner needs (one place, so arms cannot drift apart)."""
+
+    config: BenchConfig
+    model: Any
+    tokenizer: Any
+    device: Any
+    input_ids: Any
+    attention_mask: Any
+    eos_ids: list[int]
+    pad_id: int | None
+    progress: ProgressFn | None
+
+
+class _Memory:
+    """Peak memory per arm and reserved-memory growth across measured iterations."""
+
+    def __init__(self, device: Any) -> None:
+        from pypto_capture import memory_stats, reset_peak_memory
+
+        self.device = device
+        self._stats = memory_stats
+        reset_peak_memory(device)
+        self.reserved: list[int] = []
+
+    def sample(self) -> None:
+        self.reserved.append(int(self._stats(self.device).reserved))
+
+    def result(self) -> dict[str, Any]:
+        stats = self._stats(self.device)
+        growth = (self.reserved[-1] - self.reserved[0]) if len(self.reserved) > 1 else 0
+        return {
+            "peak_allocated": int(stats.peak_allocated),
+            "peak_reserved": int(stats.peak_reserved),
+            "reserved_per_iter": list(self.reserved),
+            "reserved_growth": int(growth),
+        }
+
+
+def _timed(device: Any, fn: Callable[[], Any]) -> tuple[Any, float]:
+    from pypto_capture import synchronize
+
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def _tick(ctx: _Ctx, arm: str, done: int) -> None:
+    if ctx.progress is not None:
+        ctx.progress(arm, done, ctx.config.warmup + ctx.config.iters)
+
+
+# --- decode ---------------------------------------------------------------------------
+
+
+def _eager_generate(ctx: _Ctx) -> tuple[Any, float, float]:
+    """One greedy generate: (new tokens [B, n], ttft_s, decode_s)."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    from pypto_capture import synchronize
+
+    cfg = ctx.config
+    stamp = _FirstLogitsStamp(ctx.device, synchronize)
+    kwargs: dict[str, Any] = {
+        "input_ids": ctx.input_ids,
+        "attention_mask": ctx.attention_mask,
+        "do_sample": False,
+        "max_new_tokens": cfg.gen,
+        "logits_processor": LogitsProcessorList([stamp]),
+        "pad_token_id": ctx.pad_id,
+    }
+    if cfg.ignore_eos:
+        kwargs["min_new_tokens"] = cfg.gen
+    with torch.inference_mode():
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        out = ctx.model.generate(**kwargs)
+        synchronize(ctx.device)
+        end = time.perf_counter()
+    assert stamp.stamp is not None
+    return out[:, ctx.input_ids.shape[1] :], stamp.stamp - start, end - stamp.stamp
+
+
+def _decode_sample(ctx: _Ctx, tokens: Any, ttft: float, decode_s: float) -> dict[str, Any]:
+    counts = count_tokens(tokens, ctx.eos_ids, ignore_eos=ctx.config.ignore_eos)
+    decode_tokens = sum(max(0, c - 1) for c in counts)
+    return {
+        "counts": counts,
+        "decode_tokens": decode_tokens,
+        "ttft_s": ttft,
+        "decode_s": decode_s,
+        "tok_s": decode_tokens / decode_s if decode_s > 0 and decode_tokens else 0.0,
+    }
+
+
+def _run_eager_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    cfg = ctx.config
+    for i in range(cfg.warmup):
+        _eager_generate(ctx)
+        _tick(ctx, arm.name, i + 1)
+    samples = []
+    tokens = None
+    for i in range(cfg.iters):
+        tokens, ttft, dec = _eager_generate(ctx)
+        samples.append(_decode_sample(ctx, tokens, ttft, dec))
+        mem.sample()
+        _tick(ctx, arm.name, cfg.warmup + i + 1)
+    _fill_decode(arm, samples)
+    return tokens
+
+
+def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    from pypto_capture import DecodeStepRunner, synchronize
+
+    cfg = ctx.config
+    dtype = next(ctx.model.parameters()).dtype
+    runner = DecodeStepRunner(
+        ctx.model,
+        batch_size=cfg.batch,
+        max_cache_len=cfg.seq + cfg.gen,
+        backend=cfg.graph_backend,
+        device=ctx.device,
+        dtype=dtype,
+    )
+    arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+
+    def once() -> tuple[Any, float, float]:
+        runner.reset()
+        first, ttft = _timed(ctx.device, lambda: runner.prefill(ctx.input_ids, ctx.attention_mask))
+        rest, dec = _timed(ctx.device, lambda: runner.decode(first, cfg.gen - 1))
+        return torch.cat([first.reshape(-1, 1), rest], dim=1), ttft, dec
+
+    with torch.inference_mode():
+        runner.reset()
+        runner.prefill(ctx.input_ids, ctx.attention_mask)
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        runner.capture()
+        synchronize(ctx.device)
+        arm.details["capture_s"] = time.perf_counter() - start
+        runner.reset()
+        for i in range(cfg.warmup):
+            once()
+            _tick(ctx, arm.name, i + 1)
+        samples = []
+        tokens = None
+        for i in range(cfg.iters):
+            tokens, ttft, dec = once()
+            samples.append(_decode_sample(ctx, tokens, ttft, dec))
+            mem.sample()
+            _tick(ctx, arm.name, cfg.warmup + i + 1)
+    _fill_decode(arm, samples)
+    return tokens
+
+
+def _fill_decode(arm: ArmResult, samples: list[dict[str, Any]]) -> None:
+    arm.tokens_per_s = summarize([s["tok_s"] for s in samples])
+    arm.seconds = summarize_seconds([s["decode_s"] for s in samples])
+    arm.ttft_s = summarize_seconds([s["ttft_s"] for s in samples])
+    arm.tokens_per_iter = [s["decode_tokens"] for s in samples]
+    arm.details["tokens_per_row"] = samples[-1]["counts"]
+    arm.details["generated_tokens_per_iter"] = [sum(s["counts"]) for s in samples]
+
+
+# --- prefill --------------------------------------------------------------------------
+
+
+def _prefill_fn(ctx: _Ctx) -> Callable[[], Any]:
+    model, ids, mask = ctx.model, ctx.input_ids, ctx.attention_mask
+
+    def fn() -> Any:
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    return fn
+
+
+def _run_eager_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    cfg = ctx.config
+    fn = _prefill_fn(ctx)
+    times = []
+    out = None
+    with torch.inference_mode():
+        for i in range(cfg.warmup):
+            fn()
+            _tick(ctx, arm.name, i + 1)
+        for i in range(cfg.iters):
+            out, seconds = _timed(ctx.device, fn)
+            times.append(seconds)
+            mem.sample()
+            _tick(ctx, arm.name, cfg.warmup + i + 1)
+    _fill_prefill(ctx, arm, times)
+    return out.argmax(-1)
+
+
+def _run_graph_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    from pypto_capture import capture_and_replay
+
+    cfg = ctx.config
+    with torch.inference_mode():
+        result = capture_and_replay(
+            _prefill_fn(ctx),
+            warmup=cfg.warmup,
+            replays=cfg.iters,
+            backend=cfg.graph_backend,
+            device=ctx.device,
+        )
+    _tick(ctx, arm.name, cfg.warmup + cfg.iters)
+    mem.sample()
+    times = list(result.times_s)
+    arm.details["backend"] = getattr(result, "backend", cfg.graph_backend)
+    arm.details["capture_s"] = getattr(result, "capture_s", None)
+    _fill_prefill(ctx, arm, times)
+    return result.output.argmax(-1)
+
+
+def _fill_prefill(ctx: _Ctx, arm: ArmResult, times: list[float]) -> None:
+    n = ctx.config.batch * ctx.config.seq
+    arm.tokens_per_s = summarize([n / t for t in times])
+    arm.seconds = summarize_seconds(times)
+    arm.tokens_per_iter = [n] * len(times)
+
+
+# --- diffusion ------------------------------------------------------------------------
+
+
+def _diffusion_call(ctx: _Ctx, forward: Callable[[Any], Any] | None) -> Any:
+    from .diffusion import read_diffusion_output
+
+    cfg = ctx.config
+    kwargs: dict[str, Any] = {
+        "gen_length": cfg.gen,
+        "steps": cfg.effective_diffusion_steps,
+        "block_length": cfg.block_length,
+    }
+    if forward is not None:
+        kwargs["forward"] = forward
+    out = ctx.model.diffusion_generate(ctx.input_ids, **kwargs)
+    return read_diffusion_output(out)
+
+
+def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None) -> Any:
+    import torch
+
+    cfg = ctx.config
+    calls = {"n": 0}
+    if forward is not None:
+        inner = forward
+        arm.details["backend"] = getattr(inner, "backend_name", None)
+
+        def forward(ids: Any) -> Any:
+            calls["n"] += 1
+            return inner(ids)
+
+    times, seqs, steps = [], None, None
+    with torch.inference_mode():
+        if forward is not None:  # compile/capture outside timing, like the decode runner
+            _, arm.details["capture_s"] = _timed(ctx.device, lambda: _diffusion_call(ctx, forward))
+        for i in range(cfg.warmup):
+            _diffusion_call(ctx, forward)
+            _tick(ctx, arm.name, i + 1)
+        for i in range(cfg.iters):
+            (seqs, steps), seconds = _timed(ctx.device, lambda: _diffusion_call(ctx, forward))
+            times.append(seconds)
+            mem.sample()
+            _tick(ctx, arm.name, cfg.warmup + i + 1)
+    expected = (cfg.batch, cfg.seq + cfg.gen)
+    if tuple(seqs.shape) != expected:
+        raise RuntimeError(
+            f"diffusion_generate returned sequences of shape {tuple(seqs.shape)}, expected {expected}"
+        )
+    n = cfg.batch * cfg.gen  # generated positions only: the prompt is never counted
+    arm.tokens_per_s = summarize([n / t for t in times])
+    arm.seconds = summarize_seconds(times)
+    arm.tokens_per_iter = [n] * len(times)
+    arm.details["num_denoising_steps"] = steps
+    if forward is not None:
+        arm.details["forward_used"] = calls["n"] > 0
+    return seqs[:, cfg.seq :]
+
+
+def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
+    """A captured whole-sequence forward for the diffusion graph arm.
+
+    Every denoising step runs the same [B, prompt+gen] shape, so one capture serves them
+    all: ids are copied into a static buffer and pypto-capture's backend (npugraph,
+    cudagraph, compile or eager, as for decode) replays the captured forward. The
+    returned logits live in the graph's static output: the model must consume them
+    before its next forward call, which a denoising loop does.
+    """
+    import torch
+
+    from pypto_capture import make_backend
+
+    cfg = ctx.config
+    backend = make_backend(cfg.graph_backend, ctx.device)
+    model = ctx.model
+    static_ids = torch.zeros(cfg.batch, cfg.seq + cfg.gen, dtype=torch.long, device=ctx.device)
+    state: dict[str, Any] = {}
+
+    def step() -> Any:
+        return model(input_ids=static_ids, use_cache=False).logits
+
+    def forward(ids: Any) -> Any:
+        if tuple(ids.shape) != tuple(static_ids.shape):
+            raise RuntimeError(
+                f"diffusion forward called with shape {tuple(ids.shape)}, captured {tuple(static_ids.shape)}"
+            )
+        static_ids.copy_(ids)
+        if "step" not in state:
+            state["step"] = backend.capture(step, warmup=1)
+        return state["step"].replay()
+
+    forward.backend_name = backend.name  # type: ignore[attr-defined]
+    return forward
+
+
+# --- arms -----------------------------------------------------------------------------
+
+
+def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
+    regime = ctx.config.regime
+    mem = _Memory(ctx.device)
+    try:
+        with contextlib.ExitStack() as stack:
+            if arm.name == "pypto+graph":
+                from .plugins import applicable_plugins
+
+                plugins = applicable_plugins(ctx.model)
+                for plugin in plugins:
+                    stack.enter_context(plugin.enable(ctx.model))
+                arm.details["plugins"] = [p.name for p in plugins]
+            else:
+                plugins = []
+            if regime == "decode":
+                runner = _run_eager_decode if arm.name == "eager" else _run_graph_decode
+                tokens = runner(ctx, arm, mem)
+            elif regime == "prefill":
+                runner = _run_eager_prefill if arm.name == "eager" else _run_graph_prefill
+                tokens = runner(ctx, arm, mem)
+            else:
+                forward = None if arm.name == "eager" else _graph_forward(ctx)
+                tokens = _run_diffusion(ctx, arm, mem, forward)
+            if plugins:
+                arm.details["plugin_reports"] = {p.name: p.report() for p in plugins}
+    finally:
+        arm.memory = mem.result()
+    if arm.memory["reserved_growth"] > 0:
+        msg = (
+            f"{arm.name}: reserved memory grew by {arm.memory['reserved_growth']} bytes across "
+            "iterations (dynamic-shape workspace growth?)"
+        )
+        log.warning(msg)
+        arm.warnings.append(msg)
+    return tokens
+
+
+def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
+    import pypto_capture
+    from pypto_capture import CaptureFailedError, explain_capture_error
+
+    arm.ok = False
+    arm.error = f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
+    log.error("arm %s failed: %s", arm.name, arm.error)
+    try:
+        arm.explanation = explain_capture_error(err).to_dict()
+    except Exception as inner:  # explaining must never mask the original failure
+        arm.explanation = {"code": None, "matched": False, "cause": f"explain failed: {inner}"}
+    if isinstance(err, CaptureFailedError):
+        bisect_capture = getattr(pypto_capture, "bisect_capture", None)
+        if bisect_capture is None:
+            arm.bisect = {
+                "failed_stage": None,
+                "error": "this pypto-capture has no bisect_capture()",
+            }
+            return
+        try:
+            arm.bisect = bisect_capture(
+                ctx.model, backend=ctx.config.graph_backend, device=ctx.device
+            ).to_dict()
+        except Exception as inner:
+            arm.bisect = {
+                "failed_stage": None,
+                "error": f"bisect failed: {type(inner).__name__}: {inner}",
+            }
+
+
+def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Report:
+    """Run every requested arm; a failing arm is recorded, never fatal to the others.
+
+    Raises only for bad input (``BadInputError``), a missing device
+    (``EnvironmentMissingError``) or a model that does not load (``ModelLoadError``).
+    """
+    config.validate()
+    from .environment import prepare_device_env
+    from .loading import check_model_folder, eos_token_ids, load_model
+
+    check_model_folder(config.model_path)
+    if config.report_file:
+        check_report_path(config.report_file)
+    warnings = prepare_device_env(config.device)
+
+    import torch
+
+    from pypto_capture import device_name, memory_stats, reset_peak_memory, resolve_device
+
+    try:
+        device = resolve_device(config.device)
+    except Exception as err:
+        raise EnvironmentMissingError(
+            f"device {config.device!r} is not available: {' '.join(str(err).split())}"
+        ) from err
+
+    torch.manual_seed(config.seed)
+    reset_peak_memory(device)
+    loaded = load_model(
+        config.model_path,
+        device=device,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        attn_implementation=config.attn_implementation,
+    )
+    load_mem = memory_stats(device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if config.regime == "diffusion-generate":
+        from .diffusion import supports_diffusion, unsupported_message
+
+        if not supports_diffusion(model):
+            raise RegimeNotSupportedError(unsupported_message(model))
+
+    report = new_report(config, device=device, device_name=device_name(device))
+    report.warnings.extend(warnings)
+    report.model = {
+        "path": str(loaded.path),
+        "class": type(model).__name__,
+        "model_type": loaded.config.get("model_type"),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "load_s": loaded.load_seconds,
+        "load_memory": {
+            "peak_allocated": int(load_mem.peak_allocated),
+            "peak_reserved": int(load_mem.peak_reserved),
+        },
+    }
+    eos = eos_token_ids(model, tokenizer)
+    special = set(eos) | {
+        t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
+    }
+    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    input_ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
+    ctx = _Ctx(
+        config=config,
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        eos_ids=eos,
+        pad_id=tokenizer.pad_token_id,
+        progress=progress,
+    )
+
+    tokens: dict[str, Any] = {}
+    for name in config.arms:
+        arm = ArmResult(name=name)
+        report.arms.append(arm)
+        try:
+            tokens[name] = _run_arm(ctx, arm)
+        except Exception as err:
+            _record_failure(ctx, arm, err)
+    _check_agreement(ctx, report, tokens)
+    if config.regime == "decode":
+        _fill_roofline(ctx, report)
+    report.finish()
+    if config.report_file:
+        report.write(config.report_file)
+    return report
+
+
+def _reference_tokens(ctx: _Ctx) -> Any:
+    """Eager tokens for the agreement check when the eager arm was not requested."""
+    import torch
+
+    if ctx.config.regime == "decode":
+        return _eager_generate(ctx)[0]
+    if ctx.config.regime == "prefill":
+        with torch.inference_mode():
+            return _prefill_fn(ctx)().argmax(-1)
+    with torch.inference_mode():
+        return _diffusion_call(ctx, None)[0][:, ctx.config.seq :]
+
+
+def _check_agreement(ctx: _Ctx, report: Report, tokens: dict[str, Any]) -> None:
+    others = [a for a in report.arms if a.name != "eager" and a.ok]
+    if not others:
+        return
+    ref = tokens.get("eager")
+    if ref is None:
+        try:
+            ref = _reference_tokens(ctx)
+        except Exception as err:
+            report.warnings.append(f"no eager reference for the token match: {err}")
+            return
+    decode = ctx.config.regime == "decode"
+    ref_counts = count_tokens(ref, ctx.eos_ids) if decode else [ref.shape[1]] * ref.shape[0]
+    for arm in others:
+        cand = tokens[arm.name]
+        cand_counts = count_tokens(cand, ctx.eos_ids) if decode else [cand.shape[1]] * cand.shape[0]
+        arm.token_match = match_rate(ref, cand, ref_counts, cand_counts)
+        rate = arm.token_match["rate"]
+        if rate is not None and rate < 1.0:
+            msg = f"{arm.name}: greedy tokens match eager at {rate:.1%} of positions"
+            if str(next(ctx.model.parameters()).dtype) == "torch.float32":
+                msg += " (expected exact in fp32)"
+            arm.warnings.append(msg)
+
+
+def _fill_roofline(ctx: _Ctx, report: Report) -> None:
+    cfg = ctx.config
+    try:
+        weights = weight_bytes_read_per_step(ctx.model)
+        kv = kv_bytes_per_token(ctx.model)
+    except Exception as err:
+        report.warnings.append(f"roofline skipped: {err}")
+        return
+    info: dict[str, Any] = {"weight_bytes": weights, "kv_bytes_per_token": kv}
+    if cfg.measure_bandwidth:
+        measured = measure_bandwidth(ctx.device)
+        info["bandwidth_bytes_per_s"] = measured["bytes_per_s"]
+        info["bandwidth_method"] = measured["method"]
+    report.roofline = info
+    bw = info.get("bandwidth_bytes_per_s")
+    if not bw:
+        return
+    for arm in report.arms:
+        if not arm.ok or not arm.tokens_per_s.get("best"):
+            continue
+        # HF's dynamic cache reads the context so far (mean over the run); a static
+        # cache attends over all max_cache_len slots every step.
+        context = cfg.seq + cfg.gen / 2 if arm.name == "eager" else cfg.seq + cfg.gen
+        arm.roofline = roofline(
+            weight_bytes=weights,
+            kv_per_token=kv,
+            batch=cfg.batch,
+            context_tokens=context,
+            bandwidth=bw,
+            measured_tok_s=arm.tokens_per_s["best"],
+        )

@@ -1,0 +1,139 @@
+"""Device environment setup and the report's environment metadata.
+
+The NPU allocator reads ``PYTORCH_NPU_ALLOC_CONF`` once, when the device initialises;
+setting it afterwards (as the seed harness did) silently does nothing. So the variables
+are set here, from the device *spec*, before anything touches the device: the CLI calls
+``prepare_device_env`` before importing torch, the library calls it again (harmless)
+before resolving the device.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NPU_ALLOC_CONF_DEFAULT = "expandable_segments:True"
+
+
+def _spec_index(spec: str | int | None) -> int:
+    """Device index the spec names ("0", 0, "npu:3", "auto" -> 0)."""
+    if spec is None:
+        return 0
+    text = str(spec).strip().lower()
+    if text.isdigit():
+        return int(text)
+    if ":" in text and text.rsplit(":", 1)[1].isdigit():
+        return int(text.rsplit(":", 1)[1])
+    return 0
+
+
+def _spec_may_be_npu(spec: str | int | None) -> bool:
+    text = "auto" if spec is None else str(spec).strip().lower()
+    return text == "auto" or text.isdigit() or text.startswith("npu")
+
+
+def torch_npu_installed() -> bool:
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def prepare_device_env(spec: str | int | None) -> list[str]:
+    """Set NPU env vars for ``spec`` before device init; returns warnings for the report."""
+    warnings: list[str] = []
+    if not (_spec_may_be_npu(spec) and torch_npu_installed()):
+        return warnings
+    os.environ.setdefault("PYTORCH_NPU_ALLOC_CONF", NPU_ALLOC_CONF_DEFAULT)
+    index = str(_spec_index(spec))
+    previous = os.environ.get("TILE_FWK_DEVICE_ID")
+    if previous is not None and previous != index:
+        msg = f"TILE_FWK_DEVICE_ID was {previous} but the bench runs on device {index}: set it to {index}"
+        log.warning(msg)
+        warnings.append(msg)
+    os.environ["TILE_FWK_DEVICE_ID"] = index
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        npu = getattr(torch, "npu", None)
+        is_init = getattr(npu, "is_initialized", None)
+        if callable(is_init) and is_init():
+            msg = "the NPU was initialised before the bench set PYTORCH_NPU_ALLOC_CONF: it may not apply"
+            log.warning(msg)
+            warnings.append(msg)
+    return warnings
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cann_version() -> str | None:
+    try:
+        from pypto_env import detect_cann  # optional: richer detection when installed
+    except ImportError:
+        detect_cann = None
+    if detect_cann is not None:
+        try:
+            found = detect_cann()
+            return getattr(found, "version", None) if found else None
+        except Exception as err:  # detection must never break a bench run
+            log.debug("pypto_env.detect_cann failed: %s", err)
+    if "torch_npu" in sys.modules:
+        try:
+            from torch_npu.npu.utils import get_cann_version
+
+            return str(get_cann_version(module="CANN"))
+        except Exception as err:
+            log.debug("torch_npu CANN query failed: %s", err)
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment_metadata(device: Any = None, device_name: str | None = None) -> dict[str, Any]:
+    """Versions and machine identity recorded in every report."""
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "cpu_threads": torch.get_num_threads(),
+        "versions": {
+            "torch": torch.__version__,
+            "torch_npu": _version("torch_npu") or _version("torch-npu"),
+            "cann": _cann_version(),
+            "transformers": _version("transformers"),
+            "pypto": _version("pypto"),
+            "pypto_bench": _version("pypto-bench"),
+            "pypto_capture": _version("pypto-capture"),
+            "pypto_env": _version("pypto-env"),
+        },
+        "device": {
+            "spec": str(device) if device is not None else None,
+            "type": getattr(device, "type", None),
+            "name": device_name,
+        },
+        "env": {
+            key: os.environ.get(key)
+            for key in ("PYTORCH_NPU_ALLOC_CONF", "TILE_FWK_DEVICE_ID", "CUDA_VISIBLE_DEVICES")
+        },
+    }

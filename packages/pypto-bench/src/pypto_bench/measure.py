@@ -1,0 +1,163 @@
+"""Statistics, token counting and the decode roofline.
+
+Every arm reports the same statistics over the same number of samples (the seed
+harness used best-of-N for eager and a hard-coded mean of 20 replays for graph, so its
+ratios compared different estimators).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+BANDWIDTH_METHOD = "device tensor copy dst.copy_(src) of {mib} MiB float32, best of {n}; bytes = 2 x size (read + write)"
+
+
+def summarize(samples: Sequence[float]) -> dict[str, Any]:
+    """samples + best (max; the seed's headline), median, mean, stdev (sample, 0 if n < 2)."""
+    values = [float(v) for v in samples]
+    if not values:
+        return {"samples": [], "best": None, "median": None, "mean": None, "stdev": None}
+    return {
+        "samples": values,
+        "best": max(values),
+        "median": statistics.median(values),
+        "mean": statistics.fmean(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def summarize_seconds(samples: Sequence[float]) -> dict[str, Any]:
+    """Like ``summarize`` but best = min (fastest) for durations."""
+    out = summarize(samples)
+    if samples:
+        out["best"] = min(float(v) for v in samples)
+    return out
+
+
+def count_tokens(generated: Any, eos_ids: Sequence[int], *, ignore_eos: bool = False) -> list[int]:
+    """Tokens actually produced per row: up to and including the first EOS.
+
+    Anything after a row's EOS is padding (HF generate) or post-EOS continuation (a
+    fixed-length captured decode): neither is output, so neither is counted.
+    """
+    rows = generated.tolist() if hasattr(generated, "tolist") else [list(r) for r in generated]
+    counts = []
+    eos = set(int(e) for e in eos_ids)
+    for row in rows:
+        n = len(row)
+        if not ignore_eos:
+            for i, tok in enumerate(row):
+                if tok in eos:
+                    n = i + 1
+                    break
+        counts.append(n)
+    return counts
+
+
+def match_rate(
+    reference: Any, candidate: Any, ref_counts: Sequence[int], cand_counts: Sequence[int]
+) -> dict[str, Any]:
+    """Greedy agreement over the positions both produced (per row, up to the shorter)."""
+    ref = reference.tolist() if hasattr(reference, "tolist") else reference
+    cand = candidate.tolist() if hasattr(candidate, "tolist") else candidate
+    compared = matched = 0
+    first_mismatch: list[int] | None = None
+    for r, (a, b) in enumerate(zip(ref, cand, strict=True)):
+        n = min(ref_counts[r], cand_counts[r], len(a), len(b))
+        for i in range(n):
+            compared += 1
+            if a[i] == b[i]:
+                matched += 1
+            elif first_mismatch is None:
+                first_mismatch = [r, i]
+    return {
+        "rate": (matched / compared) if compared else None,
+        "compared": compared,
+        "matched": matched,
+        "first_mismatch": first_mismatch,
+    }
+
+
+def measure_bandwidth(device: Any, *, mib: int = 256, repeats: int = 5) -> dict[str, Any]:
+    """Practical memory bandwidth of ``device`` (bytes/s), measured in this run."""
+    import torch
+
+    from pypto_capture import synchronize
+
+    n = mib * 1024 * 1024 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    synchronize(device)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    del src, dst
+    return {
+        "bytes_per_s": 2 * n * 4 / best,
+        "method": BANDWIDTH_METHOD.format(mib=mib, n=repeats),
+    }
+
+
+def _text_config(model: Any) -> Any:
+    config = model.config
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    cfg = _text_config(model)
+    layers = int(cfg.num_hidden_layers)
+    heads = int(getattr(cfg, "num_attention_heads", 1))
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = getattr(cfg, "head_dim", None) or (int(cfg.hidden_size) // heads)
+    elem = next(model.parameters()).element_size()
+    return 2 * layers * kv_heads * int(head_dim) * elem
+
+
+def weight_bytes_read_per_step(model: Any) -> int:
+    """Bytes of weights a decode step reads: every parameter once, except an untied
+    input embedding (a step gathers only B rows of it)."""
+    seen: set[int] = set()
+    total = 0
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    emb_ptr = emb.weight.data_ptr() if emb is not None else None
+    tied = out is not None and emb is not None and out.weight.data_ptr() == emb_ptr
+    for p in model.parameters():
+        ptr = p.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        if ptr == emb_ptr and not tied:
+            continue
+        total += p.numel() * p.element_size()
+    return total
+
+
+def roofline(
+    *,
+    weight_bytes: int,
+    kv_per_token: int,
+    batch: int,
+    context_tokens: float,
+    bandwidth: float,
+    measured_tok_s: float | None,
+) -> dict[str, Any]:
+    """Decode ceiling: batch x bandwidth / (weights + batch x context x kv bytes)."""
+    bytes_per_step = weight_bytes + batch * context_tokens * kv_per_token
+    ceiling = batch * bandwidth / bytes_per_step
+    return {
+        "bytes_per_step": int(bytes_per_step),
+        "context_tokens": context_tokens,
+        "ceiling_tok_s": ceiling,
+        "fraction_of_ceiling": (measured_tok_s / ceiling) if measured_tok_s else None,
+    }

@@ -1,0 +1,343 @@
+"""The report: one JSON document per run, versioned by ``schema_version``.
+
+The schema ships as ``report.schema.json`` next to this module (JSON Schema draft
+2020-12). A change that removes or renames a field bumps the major version; adding
+optional fields bumps the minor. ``validate_report`` checks a document with
+``jsonschema`` when it is installed and otherwise with a small built-in check of the
+required structure, so the bench itself needs no extra dependency.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInputError, ReportPathError
+
+SCHEMA_VERSION = "1.0"
+
+
+def _empty_stats() -> dict[str, Any]:
+    return {"samples": [], "best": None, "median": None, "mean": None, "stdev": None}
+
+
+@dataclass
+class ArmResult:
+    """One arm's outcome. Statistics are over the same ``iters`` samples for every arm."""
+
+    name: str
+    ok: bool = True
+    tokens_per_s: dict[str, Any] = field(default_factory=_empty_stats)
+    seconds: dict[str, Any] = field(default_factory=_empty_stats)
+    ttft_s: dict[str, Any] | None = None
+    tokens_per_iter: list[int] = field(default_factory=list)
+    ratio_to_eager: float | None = None
+    token_match: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    roofline: dict[str, Any] | None = None
+    error: str | None = None
+    explanation: dict[str, Any] | None = None
+    bisect: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    schema_version: str
+    tool: dict[str, Any]
+    created_at: str
+    command_line: list[str]
+    environment: dict[str, Any]
+    config: dict[str, Any]
+    regime: str
+    model: dict[str, Any] = field(default_factory=dict)
+    roofline: dict[str, Any] | None = None
+    arms: list[ArmResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    def arm(self, name: str) -> ArmResult | None:
+        return next((a for a in self.arms if a.name == name), None)
+
+    @property
+    def failed_arms(self) -> list[str]:
+        return [a.name for a in self.arms if not a.ok]
+
+    def finish(self) -> None:
+        """Ratios to eager and the overall verdict (any failed arm -> not ok)."""
+        eager = self.arm("eager")
+        base = eager.tokens_per_s.get("best") if eager and eager.ok else None
+        for arm in self.arms:
+            best = arm.tokens_per_s.get("best")
+            arm.ratio_to_eager = (best / base) if (base and best and arm.ok) else None
+        self.ok = not self.failed_arms
+
+    def to_dict(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
+    def write(self, path: str | Path) -> Path:
+        return write_report(self, path)
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf are not JSON: they become null so every report parses everywhere."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def new_report(config: Any, *, device: Any, device_name: str | None) -> Report:
+    from .environment import environment_metadata
+
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        tool={"name": "pypto-bench", "version": _own_version()},
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        command_line=list(config.command_line) if config.command_line else list(sys.argv),
+        environment=environment_metadata(device, device_name),
+        config=config.to_dict(),
+        regime=config.regime,
+    )
+
+
+def _own_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pypto-bench")
+    except Exception:
+        return "0+unknown"
+
+
+def check_report_path(path: str | Path) -> Path:
+    """Fail before the run (not after minutes of benchmarking) if ``path`` is unwritable."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ReportPathError(
+            f"report path {p} is a folder: pass a file name such as {p}/report.json"
+        )
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ReportPathError(
+            f"report folder {parent} does not exist: create it or pick another path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ReportPathError(f"report folder {parent} is not writable: pick another --report-file")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ReportPathError(f"report file {p} is not writable: pick another --report-file")
+    return p
+
+
+def write_report(report: Report | dict[str, Any], path: str | Path) -> Path:
+    """Write atomically (temp file + rename): a crash never leaves half a report."""
+    p = check_report_path(path)
+    text = (
+        report.to_json() if isinstance(report, Report) else json.dumps(_jsonable(report), indent=2)
+    )
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else "."
+    )
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, p)
+    except BaseException:
+        with_suppress_unlink(tmp)
+        raise
+    return p
+
+
+def with_suppress_unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def schema() -> dict[str, Any]:
+    """The report's JSON Schema (shipped in the package)."""
+    text = resources.files("pypto_bench").joinpath("report.schema.json").read_text()
+    return json.loads(text)
+
+
+def validate_report(data: dict[str, Any]) -> None:
+    """Raise BadInputError when ``data`` is not a valid report of a known schema."""
+    version = str(data.get("schema_version", "")) if isinstance(data, dict) else ""
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise BadInputError(
+            f"report schema_version {version or 'missing'} is not {SCHEMA_VERSION}: regenerate it with this pypto-bench"
+        )
+    try:
+        import jsonschema
+    except ImportError:
+        _basic_validate(data)
+        return
+    try:
+        jsonschema.validate(data, schema())
+    except jsonschema.ValidationError as err:
+        where = "/".join(str(p) for p in err.absolute_path) or "<root>"
+        raise BadInputError(f"invalid report at {where}: {err.message}") from err
+
+
+def _basic_validate(data: dict[str, Any]) -> None:
+    for key in schema()["required"]:
+        if key not in data:
+            raise BadInputError(f"invalid report: missing {key!r}")
+    for i, arm in enumerate(data["arms"]):
+        for key in ("name", "ok", "tokens_per_s"):
+            if key not in arm:
+                raise BadInputError(f"invalid report: arms/{i} lacks {key!r}")
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError as err:
+        raise BadInputError(f"report {p} does not exist") from err
+    except (OSError, json.JSONDecodeError) as err:
+        raise BadInputError(f"report {p} is not readable JSON: {err}") from err
+    validate_report(data)
+    return data
+
+
+# --- rendering ------------------------------------------------------------------------
+
+
+def _as_dict(report: Report | dict[str, Any]) -> dict[str, Any]:
+    return report.to_dict() if isinstance(report, Report) else report
+
+
+def _fmt(v: Any, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _mib(v: Any) -> str:
+    return "-" if v is None else f"{v / 2**20:.1f}"
+
+
+def _rows(data: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for arm in data["arms"]:
+        tps = arm["tokens_per_s"]
+        mem = arm.get("memory") or {}
+        match = (arm.get("token_match") or {}).get("rate")
+        roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
+        ttft = (arm.get("ttft_s") or {}).get("median")
+        rows.append(
+            [
+                arm["name"],
+                "ok" if arm["ok"] else "FAILED",
+                _fmt(tps.get("best")),
+                _fmt(tps.get("median")),
+                _fmt(tps.get("mean")),
+                _fmt(tps.get("stdev")),
+                _fmt(ttft * 1000 if ttft is not None else None, ".2f"),
+                _fmt(arm.get("ratio_to_eager"), ".2f"),
+                _fmt(match * 100 if match is not None else None, ".1f"),
+                _mib(mem.get("peak_allocated")),
+                _mib(mem.get("peak_reserved")),
+                _fmt(roof * 100 if roof is not None else None, ".1f"),
+            ]
+        )
+    return rows
+
+
+HEADERS = [
+    "arm",
+    "status",
+    "tok/s best",
+    "median",
+    "mean",
+    "stdev",
+    "ttft ms",
+    "x eager",
+    "match %",
+    "peak alloc MiB",
+    "peak rsv MiB",
+    "roofline %",
+]
+
+
+def format_table(report: Report | dict[str, Any]) -> str:
+    """Plain-text table for the terminal."""
+    data = _as_dict(report)
+    rows = [HEADERS, *_rows(data)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for arm in data["arms"]:
+        if not arm["ok"]:
+            lines.append(f"{arm['name']}: {arm.get('error')}")
+            expl = arm.get("explanation") or {}
+            if expl.get("matched"):
+                lines.append(f"  cause: {expl.get('cause')}  fix: {expl.get('fix')}")
+            stage = (arm.get("bisect") or {}).get("failed_stage")
+            if stage:
+                lines.append(f"  bisect: first failing stage {stage}")
+    return "\n".join(lines)
+
+
+def report_to_markdown(report: Report | dict[str, Any]) -> str:
+    """Markdown rendering (a heading line, the run's identity and the arm table)."""
+    data = _as_dict(report)
+    cfg, env, model = data["config"], data["environment"], data.get("model") or {}
+    versions = env.get("versions", {})
+    lines = [
+        f"**{model.get('class', '?')}** ({model.get('dtype', cfg.get('dtype'))}) on "
+        f"**{env.get('device', {}).get('name')}** (`{env.get('device', {}).get('spec')}`), "
+        f"regime **{data['regime']}**, batch {cfg['batch']}, seq {cfg['seq']}, gen {cfg['gen']}, "
+        f"warmup {cfg['warmup']}, iters {cfg['iters']}, graph backend {cfg['graph_backend']}",
+        "",
+        "torch "
+        + str(versions.get("torch"))
+        + ", transformers "
+        + str(versions.get("transformers"))
+        + (f", torch_npu {versions['torch_npu']}" if versions.get("torch_npu") else "")
+        + (f", CANN {versions['cann']}" if versions.get("cann") else "")
+        + f"; host `{env.get('host')}`",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---" for _ in HEADERS) + "|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in _rows(data)]
+    roof = data.get("roofline") or {}
+    if roof.get("bandwidth_bytes_per_s"):
+        lines += [
+            "",
+            f"Roofline: measured bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"weights {roof['weight_bytes'] / 2**20:.1f} MiB read per step, "
+            f"KV {roof['kv_bytes_per_token']} B/token.",
+        ]
+    failed = [a for a in data["arms"] if not a["ok"]]
+    for arm in failed:
+        lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")
+    warnings = list(data.get("warnings", [])) + [
+        w for a in data["arms"] for w in a.get("warnings", [])
+    ]
+    for w in warnings:
+        lines.append(f"- warning: {w}")
+    return "\n".join(lines) + "\n"

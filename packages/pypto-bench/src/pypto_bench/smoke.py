@@ -1,0 +1,172 @@
+"""The smoke gate: does this model folder load offline and say something sane?
+
+It runs before any timing so a broken port (NaN logits, a kernel that returns zeros,
+a missing remote-code flag) fails in seconds with a specific exit code instead of
+producing a throughput number for garbage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .coherence import coherence_score, degenerate_reason
+from .errors import (
+    EXIT_DEGENERATE,
+    EXIT_GENERATION_FAILED,
+    EXIT_LOAD_FAILED,
+    EXIT_LOW_COHERENCE,
+    EXIT_OK,
+    BenchError,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROMPT = "The capital of France is"
+DEFAULT_MIN_COHERENCE = 0.5
+
+
+@dataclass
+class SmokeResult:
+    """Outcome of the smoke gate; ``passed`` and ``exit_code`` agree."""
+
+    passed: bool
+    exit_code: int
+    stage: str  # "load" | "generate" | "check" | "coherence" | "done"
+    reason: str | None
+    text: str = ""
+    prompt: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    coherence: float | None = None
+    strict: bool = False
+    min_coherence: float = DEFAULT_MIN_COHERENCE
+    logits_finite: bool | None = None
+    device: str | None = None
+    model_class: str | None = None
+    load_seconds: float | None = None
+    generate_seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def smoke(
+    model_path: str | Path | None,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    max_new_tokens: int = 16,
+    device: str | int | None = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    strict: bool = False,
+    min_coherence: float = DEFAULT_MIN_COHERENCE,
+) -> SmokeResult:
+    """Load, generate ``max_new_tokens`` greedily, check the output.
+
+    Bad input (missing folder, unknown device) raises; every failure of the model itself
+    is a ``SmokeResult`` with ``passed=False`` so callers can report it uniformly.
+    """
+    from pypto_capture import resolve_device
+
+    from .environment import prepare_device_env
+    from .errors import BadInputError, EnvironmentMissingError
+    from .loading import check_model_folder, load_model
+
+    if max_new_tokens < 1:
+        raise BadInputError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
+    check_model_folder(model_path)
+    prepare_device_env(device)
+    try:
+        dev = resolve_device(device)
+    except Exception as err:
+        raise EnvironmentMissingError(f"device {device!r} is not available: {err}") from err
+
+    result = SmokeResult(
+        passed=False,
+        exit_code=EXIT_LOAD_FAILED,
+        stage="load",
+        reason=None,
+        prompt=prompt,
+        strict=strict,
+        min_coherence=min_coherence,
+        device=str(dev),
+    )
+    try:
+        loaded = load_model(
+            model_path,
+            device=dev,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+        )
+    except BadInputError:
+        raise
+    except BenchError as err:
+        result.reason = str(err)
+        return result
+    result.model_class = type(loaded.model).__name__
+    result.load_seconds = round(loaded.load_seconds, 4)
+
+    result.stage, result.exit_code = "generate", EXIT_GENERATION_FAILED
+    try:
+        ids, finite, seconds = _generate(
+            loaded.model, loaded.tokenizer, prompt, max_new_tokens, dev
+        )
+    except Exception as err:
+        result.reason = (
+            f"generation failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        )
+        return result
+    result.generate_seconds = round(seconds, 4)
+    result.logits_finite = finite
+    result.token_ids = ids
+    result.text = loaded.tokenizer.decode(ids, skip_special_tokens=True)
+    if not finite:
+        result.reason = "generation produced non-finite logits (NaN/Inf): check dtype and kernels"
+        return result
+
+    result.stage, result.exit_code = "check", EXIT_DEGENERATE
+    reason = degenerate_reason(ids, result.text)
+    result.coherence = coherence_score(result.text)
+    if reason is not None:
+        result.reason = reason
+        return result
+    if strict and result.coherence < min_coherence:
+        result.stage, result.exit_code = "coherence", EXIT_LOW_COHERENCE
+        result.reason = f"coherence score {result.coherence:.2f} < {min_coherence:.2f} (--strict)"
+        return result
+    result.passed, result.exit_code, result.stage = True, EXIT_OK, "done"
+    return result
+
+
+def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, device: Any):
+    import torch
+
+    enc = tokenizer(prompt, return_tensors="pt")
+    input_ids = enc["input_ids"].to(device)
+    attention_mask = enc.get("attention_mask")
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    seconds = time.perf_counter() - start
+    finite = all(bool(torch.isfinite(step).all()) for step in (out.logits or ()))
+    new = out.sequences[0, input_ids.shape[1] :].tolist()
+    # Pad after EOS is not output: cut at the first EOS (kept out of the text anyway).
+    eos = tokenizer.eos_token_id
+    if eos is not None and eos in new:
+        new = new[: new.index(eos)]
+    return new, finite, seconds
