@@ -211,9 +211,11 @@ def transformers_range(session: nox.Session, transformers: str) -> None:
     wanted = [n for n in ("pypto-capture", "pypto-bench") if n in packages]
     names: list[str] = []
     for n in wanted:
-        names += [d for d in _local_closure(n, packages, ("test",)) if d not in names]
+        names += [d for d in _local_closure(n, packages, ("test", "test-hf")) if d not in names]
     session.install(TORCH_PIN)
-    _install_local(session, names, packages, {n: "test" for n in wanted})
+    # "test-hf": transformers-dependent test needs, kept out of "test" so package(<name>) stays narrow.
+    extras = {n: "test,test-hf" if _has_extra(packages[n], "test-hf") else "test" for n in wanted}
+    _install_local(session, names, packages, extras)
     session.install(f"transformers=={transformers}")
     _pytest(session, *[str(packages[n] / "tests") for n in wanted])
 

@@ -18,6 +18,7 @@ from .backends import (
     make_backend,
     resolve_backend_name,
 )
+from .bisect import STAGES, BisectResult, bisect_capture
 from .cache import capture_safe_cache_class, make_capture_safe_cache
 from .decode import DecodeStepRunner
 from .device import (
@@ -37,12 +38,16 @@ from .errors import (
     UnsupportedModelError,
 )
 from .explain import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
+from .mitigations import MitigationHandle, apply_capture_mitigations
+from .moe import StaticMoERouting, round_robin_assignment
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
     "KNOWN_CAUSES",
+    "STAGES",
+    "BisectResult",
     "CaptureExplanation",
     "CaptureFailedError",
     "CaptureUnsafeConfigError",
@@ -54,10 +59,14 @@ __all__ = [
     "EagerBackend",
     "GraphBackend",
     "MemoryStats",
+    "MitigationHandle",
     "PyptoCaptureError",
     "ReplayResult",
+    "StaticMoERouting",
     "UnsupportedModelError",
     "__version__",
+    "apply_capture_mitigations",
+    "bisect_capture",
     "capture_and_replay",
     "capture_safe_cache_class",
     "device_name",
@@ -69,5 +78,6 @@ __all__ = [
     "reset_peak_memory",
     "resolve_backend_name",
     "resolve_device",
+    "round_robin_assignment",
     "synchronize",
 ]

@@ -154,7 +154,7 @@ def capture_safe_cache_class() -> type:
             prompt goes to ring index ``s % L_i``. Sliding layers of a DynamicCache hold
             only the last ``window - 1`` tokens, which is all a later query can see.
             """
-            b, p = attention_mask.shape
+            p = attention_mask.shape[1]
             if p >= self.max_cache_len:
                 raise UnsupportedModelError(
                     f"prompt of {p} tokens does not fit max_cache_len={self.max_cache_len}; raise max_cache_len"

@@ -19,6 +19,7 @@ from .backends import GraphBackend, make_backend
 from .cache import make_capture_safe_cache
 from .device import resolve_device
 from .errors import PyptoCaptureError, UnsupportedModelError
+from .mitigations import apply_capture_mitigations
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class DecodeStepRunner:
         dtype: torch.dtype | None = None,
         warmup: int = 2,
         compile_mode: str | None = None,
+        mitigations: bool | None = None,
     ):
         if batch_size < 1 or max_cache_len < 2:
             raise PyptoCaptureError(
@@ -65,6 +67,15 @@ class DecodeStepRunner:
             backend
             if isinstance(backend, GraphBackend)
             else make_backend(backend, dev, compile_mode=compile_mode)
+        )
+        # NPU graphs need eager attention, prebuilt masks and rotary tables; elsewhere the
+        # explicit 4D mask and device-side positions already keep the step capture-safe.
+        if mitigations is None:
+            mitigations = self.backend.name == "npugraph"
+        self.mitigations = (
+            apply_capture_mitigations(model, attn="switch", max_positions=max(max_cache_len, 1))
+            if mitigations
+            else None
         )
         self._cache_kw = _hf.cache_kwarg(model)
         params = _hf.forward_params(model)
@@ -247,6 +258,20 @@ class DecodeStepRunner:
         first = self.prefill(input_ids, attention_mask)
         rest = self.decode(first, max_new_tokens - 1)
         return torch.cat([first.unsqueeze(-1), rest], dim=-1)
+
+    def close(self) -> None:
+        """Undo mitigations applied by this runner and drop the captured step and cache."""
+        if self.mitigations is not None:
+            self.mitigations.undo()
+            self.mitigations = None
+        self._captured = None
+        self.cache = None
+
+    def __enter__(self) -> DecodeStepRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def reset(self) -> None:
         """Rewind the cache and position for a new prompt with the same shapes (graph stays valid)."""

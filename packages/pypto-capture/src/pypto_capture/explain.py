@@ -146,6 +146,23 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
     # --- torch.compile / dynamo / inductor ----------------------------------------
     _Rule(
+        "graph_break",
+        "host sync in the captured region (torch.compile graph break)",
+        "a value was read back to the host inside the region (.item(), .tolist(), .cpu()) and "
+        "used in Python, e.g. a data-dependent if: the graph cannot be one piece",
+        "keep the value on the device (torch.where instead of if; a device-side position "
+        "advanced in place; prebuilt masks via apply_capture_mitigations)",
+        (
+            ".item()",
+            "tensor.item",
+            ".tolist()",
+            "could not guard on data-dependent expression",
+            "data-dependent branching",
+            "data dependent branching",
+            "guardondatadependentsymnode",
+        ),
+    ),
+    _Rule(
         "dynamic_shape",
         "data-dependent or dynamic shape",
         "an op whose output shape depends on data (nonzero, masked_select, unique, boolean "
@@ -156,8 +173,6 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
             "dynamic shape operator",
             "data-dependent output shape",
             "data dependent output shape",
-            "guardondatadependentsymnode",
-            "could not guard on data-dependent expression",
             "dynamic shapes",
             "recompil",
         ),
@@ -171,10 +186,7 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
         "via apply_capture_mitigations); the message names the op",
         (
             "graph break",
-            "tensor.item",
-            ".item()",
             "unsupported:",
-            "data-dependent branching",
             "generic_jump",
             "call_function",
             "torch._dynamo.exc",

@@ -1,0 +1,176 @@
+"""Find the first part of a decoder that fails to capture.
+
+Stages, smallest first, each captured on its own at decode shape ([B, 1] tokens against
+the capture-safe cache): ``embed_norm`` (embedding + final norm), ``attention`` (the
+first layer's self-attention), ``layer`` (the whole first layer), ``moe`` (the first MoE
+block found, skipped when the model has none). The first failing stage, with its
+explanation, tells you where to look; later stages are still tried so one report shows
+everything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _hf
+from .backends import GraphBackend, capture_and_replay, make_backend
+from .errors import CaptureFailedError, UnsupportedModelError
+from .explain import CaptureExplanation, explain_capture_error
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STAGES", "BisectResult", "bisect_capture"]
+
+STAGES = ("embed_norm", "attention", "layer", "moe")
+
+
+@dataclass
+class BisectResult:
+    failed_stage: str | None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    explanation: CaptureExplanation | None = None
+    backend: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "failed_stage": self.failed_stage,
+            "backend": self.backend,
+            "explanation": self.explanation.to_dict() if self.explanation else None,
+            "stages": [
+                {**s, "explanation": s["explanation"].to_dict() if s.get("explanation") else None}
+                for s in self.stages
+            ],
+        }
+
+
+def _kwarg_for_cache(module: torch.nn.Module) -> str:
+    params = _hf._params_of(type(module).forward)
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _find_moe(layer: torch.nn.Module) -> torch.nn.Module | None:
+    for _, mod in layer.named_modules():
+        if hasattr(mod, "experts") and (hasattr(mod, "gate") or hasattr(mod, "router")):
+            return mod
+    return None
+
+
+def _rotary(decoder: torch.nn.Module, h: torch.Tensor, pos: torch.Tensor, layer_type: str) -> Any:
+    rot = getattr(decoder, "rotary_emb", None)
+    if rot is None:
+        return None
+    params = _hf._params_of(type(rot).forward)
+    return rot(h, pos, layer_type) if "layer_type" in params else rot(h, pos)
+
+
+def bisect_capture(
+    model: torch.nn.Module,
+    *,
+    backend: str | GraphBackend = "auto",
+    device: torch.device | str | None = None,
+    batch_size: int = 1,
+    max_cache_len: int = 16,
+    layer_index: int = 0,
+    warmup: int = 1,
+) -> BisectResult:
+    """Capture each stage of ``model``'s decode path alone; name the first that fails."""
+    from .decode import DecodeStepRunner  # local: pulls transformers-facing code
+
+    runner = DecodeStepRunner(
+        model, batch_size=batch_size, max_cache_len=max_cache_len, backend="eager", device=device
+    )
+    be = backend if isinstance(backend, GraphBackend) else make_backend(backend, runner.device)
+    decoder = _hf.decoder_of(model)
+    embed = model.get_input_embeddings()
+    norm = getattr(decoder, "norm", None)
+    layers = getattr(decoder, "layers", None)
+    if embed is None or norm is None or layers is None or len(layers) <= layer_index:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no embed_tokens/norm/layers structure bisect_capture can split"
+        )
+    with torch.no_grad():
+        runner.prefill(torch.zeros(batch_size, 2, dtype=torch.long, device=runner.device))
+    cache = runner.cache
+    tok = runner.tok
+    layer = layers[layer_index]
+    layer_type = cache.layer_types[layer_index]
+    with torch.no_grad():
+        h = embed(tok).detach().clone()
+        pos = cache.decode_position_ids()
+        pe = _rotary(decoder, h, pos, layer_type)
+        mask = cache.decode_masks(h.dtype)[layer_type]
+    attn = getattr(layer, "self_attn", None)
+    moe = _find_moe(layer)
+
+    def embed_norm() -> torch.Tensor:
+        return norm(embed(tok))
+
+    def attention() -> Any:
+        out = attn(
+            hidden_states=h,
+            attention_mask=mask,
+            position_embeddings=pe,
+            **{_kwarg_for_cache(attn): cache},
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+    def full_layer() -> Any:
+        out = layer(
+            h,
+            attention_mask=mask,
+            position_ids=pos,
+            position_embeddings=pe,
+            use_cache=True,
+            **{_kwarg_for_cache(layer): cache},
+        )
+        return out[0] if isinstance(out, tuple) else out
+
+    def moe_block() -> Any:
+        out = moe(h)
+        return out[0] if isinstance(out, tuple) else out
+
+    plan = [
+        ("embed_norm", embed_norm),
+        ("attention", attention if attn is not None else None),
+        ("layer", full_layer),
+        ("moe", moe_block if moe is not None else None),
+    ]
+    result = BisectResult(failed_stage=None, backend=be.name)
+    for stage, fn in plan:
+        if fn is None:
+            result.stages.append(
+                {
+                    "stage": stage,
+                    "ok": None,
+                    "error": "not present in this model",
+                    "explanation": None,
+                }
+            )
+            continue
+        try:
+            with torch.no_grad():
+                capture_and_replay(fn, warmup=warmup, replays=1, backend=be)
+        except CaptureFailedError as err:
+            cause = err.__cause__ or err
+            expl = err.explanation
+            result.stages.append(
+                {"stage": stage, "ok": False, "error": str(cause)[:500], "explanation": expl}
+            )
+            if result.failed_stage is None:
+                result.failed_stage, result.explanation = stage, expl
+            log.info("bisect: stage %s failed: %s", stage, expl)
+            continue
+        except Exception as err:  # an eager error in the stage itself is also a failure there
+            expl = explain_capture_error(err)
+            result.stages.append(
+                {"stage": stage, "ok": False, "error": str(err)[:500], "explanation": expl}
+            )
+            if result.failed_stage is None:
+                result.failed_stage, result.explanation = stage, expl
+            continue
+        result.stages.append({"stage": stage, "ok": True, "error": None, "explanation": None})
+    return result

@@ -1,0 +1,102 @@
+"""capture_and_replay on plain functions: real torch.compile on CPU, real graphs on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pypto_capture import (
+    CaptureFailedError,
+    DeviceNotAvailableError,
+    PyptoCaptureError,
+    capture_and_replay,
+    make_backend,
+    resolve_backend_name,
+)
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _counter_step(device="cpu"):
+    state = torch.zeros(4, device=device)
+    out = torch.zeros(4, device=device)
+
+    def step():
+        state.add_(1.0)  # in-place: what a decode step does to its position
+        out.copy_(state * 2.0)
+        return out
+
+    return state, step
+
+
+@pytest.mark.parametrize("backend", ["compile", "eager"])
+def test_replays_are_timed_individually_and_mutate_state(backend):
+    state, step = _counter_step()
+    res = capture_and_replay(step, warmup=2, replays=5, backend=backend, device="cpu")
+    assert res.backend == backend
+    assert len(res.times_s) == 5
+    assert all(t > 0 for t in res.times_s)
+    # compile runs the step during warmup; eager only in replays.
+    calls = (2 if backend == "compile" else 0) + 5
+    assert torch.equal(state, torch.full((4,), float(calls)))
+    assert torch.equal(res.output, torch.full((4,), 2.0 * calls))
+    assert res.to_dict()["times_s"] == res.times_s
+
+
+def test_item_in_region_is_a_graph_break_failure():
+    x = torch.ones(3)
+
+    def step():
+        if x.sum().item() > 2:  # host sync + data-dependent Python branch in the region
+            return x * 2
+        return x
+
+    with pytest.raises(CaptureFailedError) as exc:
+        capture_and_replay(step, warmup=1, replays=1, backend="compile", device="cpu")
+    expl = exc.value.explanation
+    assert expl.matched, expl
+    assert expl.code == "graph_break", expl
+    assert "item" in expl.message.lower() or "data-dependent" in expl.message.lower()
+
+
+def test_shape_change_between_replays_is_reported():
+    holder = {"x": torch.ones(4)}
+
+    def step():
+        return holder["x"] * 2.0
+
+    captured = make_backend("compile", "cpu").capture(step, warmup=1)
+    assert torch.equal(captured.replay(), torch.full((4,), 2.0))
+    holder["x"] = torch.ones(5)  # a dynamic shape: a replay would need a new graph
+    with pytest.raises(CaptureFailedError) as exc:
+        captured.replay()
+    assert exc.value.explanation.code == "dynamic_shape", exc.value.explanation
+
+
+def test_backend_resolution_and_pairing():
+    cpu = torch.device("cpu")
+    assert resolve_backend_name("auto", cpu) == "compile"
+    assert resolve_backend_name("auto", torch.device("cuda", 0)) == "cudagraph"
+    with pytest.raises(PyptoCaptureError, match="unknown backend"):
+        resolve_backend_name("tensorrt", cpu)
+    with pytest.raises(DeviceNotAvailableError, match="cuda"):
+        make_backend("cudagraph", "cpu")
+    with pytest.raises(PyptoCaptureError, match="replays"):
+        capture_and_replay(lambda: None, replays=0, backend="eager", device="cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none visible to torch)")
+def test_cudagraph_capture_replay_and_pool_reuse():
+    state, step = _counter_step("cuda")
+    be = make_backend("cudagraph", "cuda:0")
+    res = capture_and_replay(step, warmup=3, replays=4, backend=be)
+    torch.cuda.synchronize()
+    # warmup (3) runs on the side stream; capture itself does not execute; 4 replays.
+    assert torch.equal(state.cpu(), torch.full((4,), 7.0))
+    assert len(res.times_s) == 4
+    pool = be._pool
+    assert pool is not None
+    _state2, step2 = _counter_step("cuda")
+    capture_and_replay(step2, warmup=1, replays=1, backend=be)
+    assert be._pool == pool  # second graph shares the first one's pool

@@ -1,0 +1,92 @@
+"""explain_capture_error on recorded NPU/CUDA/inductor messages and on real exceptions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pypto_capture import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
+
+# Messages as torch_npu / CUDA / inductor print them (shapes of real logs, trimmed).
+RECORDED = [
+    (
+        "RuntimeError: rtStreamEndCapture execute failed, reason=[stream is unjoined]. "
+        "ERROR CODE: 107025. [ERROR] RUNTIME(1234,python):2026-10-01 ... EE9999: Inner Error!",
+        "107025",
+    ),
+    ("RuntimeError: NPU function error: aclmdlRICaptureEnd, error code is 107027", "107027"),
+    (
+        "EL0004: aclrtMemcpy failed during capture, error code is 107030 (capture mode not support)",
+        "107030",
+    ),
+    ("The aicore execution is abnormal. error code is 507015 [ERROR] AICORE_EXCEPTION", "507015"),
+    ("rtStreamSynchronize failed, error code is 507011", "507011"),
+    ("[ERROR] RUNTIME: capture dependency error code 107024", "107024"),
+    ("error code is 107029", "107029"),
+    ("error code is 107031", "107031"),
+    ("error code is 107038", "107038"),
+    ("error code is 507903", "507903"),
+    (
+        "RuntimeError: CUDA error: operation not permitted when stream is capturing\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call",
+        "900",
+    ),
+    (
+        "CUDA error: operation failed due to a previous error during capture (cudaErrorStreamCaptureInvalidated)",
+        "901",
+    ),
+    ("RuntimeError: CUDA error 900 at graph capture", "900"),
+    ("skipping cudagraphs due to mutated inputs (2 instances)", "skipping_cudagraphs"),
+    ("torch._dynamo.exc.Unsupported: Graph break due to unsupported builtin print", "graph_break"),
+    ("Unsupported: Tensor.item() with capture_scalar_outputs=False", "graph_break"),
+    (
+        "torch._dynamo.exc.Unsupported: dynamic shape operator: aten.nonzero.default",
+        "dynamic_shape",
+    ),
+    ("RuntimeError: torch.multinomial inside cuda graph capture", "multinomial"),
+]
+
+
+@pytest.mark.parametrize(("text", "code"), RECORDED)
+def test_recorded_messages_map_to_codes(text, code):
+    expl = explain_capture_error(text)
+    assert expl.matched, expl
+    assert expl.code == code, expl
+    assert expl.cause
+    assert expl.fix
+    assert "\n" not in str(expl)
+    assert code in str(expl)
+
+
+def test_code_in_chained_exception_is_found():
+    try:
+        try:
+            raise RuntimeError("NPU error, error code is 107030")
+        except RuntimeError as inner:
+            raise ValueError("model forward failed") from inner
+    except ValueError as err:
+        expl = explain_capture_error(err)
+    assert expl.code == "107030"
+    assert "index_copy_" in expl.fix
+
+
+def test_numbers_that_are_not_codes_do_not_match():
+    expl = explain_capture_error("tensor of shape [1, 900, 107025.5] is fine")
+    assert not expl.matched or expl.code not in ("900", "107025")
+
+
+def test_unknown_error_says_so_and_suggests_bisect():
+    expl = explain_capture_error(KeyError("no such weight"))
+    assert isinstance(expl, CaptureExplanation)
+    assert expl.matched is False
+    assert expl.code == "unknown"
+    assert "bisect" in expl.fix
+    json.dumps(expl.to_dict())
+
+
+def test_every_rule_has_cause_and_fix():
+    codes = {r.code for r in KNOWN_CAUSES}
+    for needed in ("107025", "107027", "107030", "507015", "507011", "900", "901", "graph_break"):
+        assert needed in codes
+    assert all(r.cause and r.fix for r in KNOWN_CAUSES)
