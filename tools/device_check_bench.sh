@@ -55,7 +55,8 @@ for f in sorted(out.glob("cuda_*.json")):
     m = (g.get("token_match") or {}).get("rate")
     print(f"| {f.stem} | {e['tokens_per_s']['best']} | {g['tokens_per_s']['best'] if g['ok'] else 'FAILED: ' + str(g['error'])[:120]} | "
           f"{g.get('ratio_to_eager')} | {m} | {max(fr) if fr else None} |")
+reports = sorted(out.glob("cuda_*.json"))
 print()
-print("device:", json.loads(next(out.glob('cuda_*.json')).read_text())["environment"]["device"]["name"])
+print("device:", json.loads(reports[0].read_text())["environment"]["device"]["name"] if reports else "no report written (see *.log)")
 PY
 rm -rf "$WORK"

@@ -238,6 +238,15 @@ def _compare(args: argparse.Namespace) -> int:
     if len(args.reports) < 2:
         _err("compare needs at least two report files")
         return EXIT_BAD_INPUT
+    if args.plot:
+        from pathlib import Path
+
+        from .report import check_report_path
+
+        if Path(args.plot).suffix.lower() != ".png":
+            _err(f"--plot {args.plot}: the chart is a PNG, name the file *.png")
+            return EXIT_BAD_INPUT
+        check_report_path(args.plot)
     comp = compare(args.reports, force=args.force)
     if args.json:
         print(json.dumps(comp.to_dict()))

@@ -179,6 +179,16 @@ def plot(
     if len(datas) > 1:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, format="png", dpi=100)
-    plt.close(fig)
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=100)
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     return out
