@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("transformers")
 models = pytest.importorskip("pypto_testing.models")
 
+import os  # noqa: E402
+
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
@@ -120,3 +122,30 @@ def test_cudagraph_decode_matches_generate(model_dirs, arch):
         _assert_same_until_eos(
             got.cpu(), _reference(model, ids, am).cpu(), f"{arch} cuda seed {seed}"
         )
+
+
+def _npu_skip_reason():
+    from pypto_capture import npu_available
+
+    if npu_available() or os.environ.get("PYPTO_REQUIRE_NPU") == "1":
+        return None  # under `nox -s cann` a missing NPU must fail, not skip
+    return "needs an Ascend NPU (torch_npu with a visible device)"
+
+
+@pytest.mark.npu
+@pytest.mark.skipif(_npu_skip_reason() is not None, reason=str(_npu_skip_reason()))
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_npugraph_decode_matches_generate(model_dirs, arch):
+    from pypto_capture import resolve_device
+
+    dev = resolve_device("npu:0")
+    model = _load(model_dirs[arch]).to(dev)
+    runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend="auto")
+    assert runner.backend_name == "npugraph"
+    try:
+        ids, am = _prompts(0)
+        ids, am = ids.to(dev), am.to(dev)
+        got = runner.generate(ids, am, max_new_tokens=NEW)
+        _assert_same_until_eos(got.cpu(), _reference(model, ids, am).cpu(), f"{arch} npu")
+    finally:
+        runner.close()

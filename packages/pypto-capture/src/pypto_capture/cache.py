@@ -127,7 +127,7 @@ def capture_safe_cache_class() -> type:
             ]
             super().__init__(layers=layers)
             self.batch_size_ = batch_size
-            self.max_cache_len = max_cache_len
+            self.capacity = max_cache_len  # not max_cache_len: a read-only property of Cache in 5.8
             self.layer_types = list(layer_types)
             self.device = device
             # Padding of the prompt, per slot, and the left-pad count per row: decode
@@ -155,9 +155,9 @@ def capture_safe_cache_class() -> type:
             only the last ``window - 1`` tokens, which is all a later query can see.
             """
             p = attention_mask.shape[1]
-            if p >= self.max_cache_len:
+            if p >= self.capacity:
                 raise UnsupportedModelError(
-                    f"prompt of {p} tokens does not fit max_cache_len={self.max_cache_len}; raise max_cache_len"
+                    f"prompt of {p} tokens does not fit max_cache_len={self.capacity}; raise max_cache_len"
                 )
             src_layers = getattr(prefilled, "layers", None)
             if src_layers is None or len(src_layers) != len(self.layers):
