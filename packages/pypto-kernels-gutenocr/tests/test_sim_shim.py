@@ -47,13 +47,15 @@ _PROBE = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "expected"), [("patched", 3.5), ("upstream", 0.0)])
-def test_upstream_defect_and_fix(mode, expected, pypto_cpu):
+def test_upstream_defect_and_fix(mode, expected, pypto_cpu, tmp_path):
     """Upstream 0.2.0 simulates zeros; the shim makes it use the real inputs.
 
     If the "upstream" run stops giving 0.0, PyPTO fixed the defect: drop the shim.
     """
+    probe = tmp_path / "probe.py"  # a file: the jit parser reads kernel source with inspect
+    probe.write_text(_PROBE)
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, timeout=300
+        [sys.executable, str(probe), mode], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     assert line, out.stderr[-2000:]

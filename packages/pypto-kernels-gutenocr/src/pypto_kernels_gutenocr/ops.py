@@ -75,8 +75,6 @@ def _mrope_rule(
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
     if cos.shape != (3, b, s, d) or sin.shape != cos.shape:
         return f"cos/sin must be [3, {b}, {s}, {d}], got {tuple(cos.shape)}"
-    if len(sections) != 3 or 2 * sum(sections) != d:
-        return f"mrope_section {list(sections)} does not cover head_dim {d}"
     if d % 64 or s > 8192:
         return f"head_dim {d} / seq {s} outside envelope (head_dim multiple of 64, seq <= 8192)"
     return None
@@ -134,23 +132,26 @@ class PackCache:
     """
 
     def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary[torch.Tensor, tuple[int, int, torch.Tensor]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # id -> (weakref, version, data_ptr, packed). Keyed by id because tensors
+        # compare elementwise, which a WeakKeyDictionary would trip over.
+        self._cache: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
         self.packs = 0
 
     def transposed(self, weight: torch.Tensor) -> torch.Tensor:
-        key = (weight._version, weight.data_ptr())
-        hit = self._cache.get(weight)
-        if hit is not None and hit[:2] == key:
-            return hit[2]
+        key = id(weight)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is weight and hit[1:3] == (weight._version, weight.data_ptr()):
+            return hit[3]
         packed = weight.detach().t().contiguous()
-        self._cache[weight] = (*key, packed)
+        if hit is None or hit[0]() is not weight:
+            weakref.finalize(weight, self._cache.pop, key, None)
+        self._cache[key] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
         self.packs += 1
         return packed
 
     def clear(self) -> None:
-        self._cache = weakref.WeakKeyDictionary()
+        self._cache.clear()
+        self.packs = 0
 
 
 PACKED = PackCache()
@@ -191,6 +192,9 @@ def mrope_pto_correct(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Multimodal RoPE on q/k with 3-axis cos/sin [3, B, S, D], split by ``mrope_section``."""
     sections = tuple(int(s) for s in mrope_section)
+    if len(sections) != 3 or 2 * sum(sections) != q.shape[-1]:
+        # Neither the kernel nor the reference can compute this: a caller bug.
+        raise ValueError(f"mrope_section {list(sections)} does not cover head_dim {q.shape[-1]}")
     if not switches.is_on("mrope"):
         stats.record_fallback("mrope", "switch USE_PTO_MROPE is off")
         return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
