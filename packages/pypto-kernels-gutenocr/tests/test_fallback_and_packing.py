@@ -29,7 +29,11 @@ def test_switch_off_uses_reference_and_counts_it():
     ("x", "w", "reason"),
     [
         (torch.randn(2, 100), torch.randn(100), "hidden 100 outside envelope"),
-        (torch.randn(2, 64, dtype=torch.float64), torch.randn(64, dtype=torch.float64), "dtype torch.float64"),
+        (
+            torch.randn(2, 64, dtype=torch.float64),
+            torch.randn(64, dtype=torch.float64),
+            "dtype torch.float64",
+        ),
         (torch.randn(2, 64), torch.randn(64, dtype=torch.bfloat16), "mixed dtypes"),
         (torch.randn(2, 64), torch.randn(1, 64), "weight shape"),
     ],
@@ -43,7 +47,8 @@ def test_outside_the_envelope_falls_back_once_logged_and_counted(caplog, x, w, r
     assert stats.calls()["rms_norm"] == {"pypto": 0, "reference": 3}
     assert reason in stats.fallback_reasons()["rms_norm"]
     logged = [r for r in caplog.records if "falling back" in r.getMessage()]
-    assert len(logged) == 1 and reason in logged[0].getMessage()
+    assert len(logged) == 1
+    assert reason in logged[0].getMessage()
 
 
 def test_cpu_path_disabled_is_a_counted_fallback(monkeypatch):
@@ -61,7 +66,10 @@ def test_cpu_path_disabled_is_a_counted_fallback(monkeypatch):
 def test_mrope_rejects_sections_that_do_not_cover_head_dim():
     q, k = torch.randn(1, 4, 3, 128), torch.randn(1, 2, 3, 128)
     cos = torch.rand(3, 1, 3, 128)
-    with pk.pto_switches(mrope=True), pytest.raises(ValueError, match="does not cover head_dim 128"):
+    with (
+        pk.pto_switches(mrope=True),
+        pytest.raises(ValueError, match="does not cover head_dim 128"),
+    ):
         pk.mrope_pto_correct(q, k, cos, cos, [16, 24, 16])
 
 
@@ -81,8 +89,10 @@ def test_weights_are_packed_once_per_tensor_and_repacked_after_in_place_change()
     w = torch.randn(128, 64)
     a = PACKED.transposed(w)
     b = PACKED.transposed(w)
-    assert a is b and PACKED.packs == 1
-    assert a.shape == (64, 128) and a.is_contiguous()
+    assert a is b
+    assert PACKED.packs == 1
+    assert a.shape == (64, 128)
+    assert a.is_contiguous()
     with torch.no_grad():
         w.mul_(2)
     c = PACKED.transposed(w)

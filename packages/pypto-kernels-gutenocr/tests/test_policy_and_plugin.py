@@ -15,22 +15,33 @@ def test_seed_policy_is_the_default_and_says_it_is_unmeasured():
     assert big.switches == {"rms_norm": False, "mrope": False, "swiglu_mlp": True}
     assert "unmeasured" in small.reason
     with cfg.apply(2) as decision:
-        assert pk.USE_PTO_MROPE and pk.USE_PTO_SWIGLU_MLP and not pk.USE_PTO_RMS_NORM
+        assert pk.USE_PTO_MROPE
+        assert pk.USE_PTO_SWIGLU_MLP
+        assert not pk.USE_PTO_RMS_NORM
         assert decision.batch == 2
     assert not pk.USE_PTO_MROPE
 
 
 def test_policy_loads_from_json(tmp_path):
     path = tmp_path / "policy.json"
-    path.write_text(json.dumps({
-        "schema_version": 1,
-        "rules": [
-            {"max_batch": 1, "switches": {"USE_PTO_RMS_NORM": True}, "reason": "measured: b1"},
-            {"max_batch": None, "switches": {}, "reason": "measured: nothing helps"},
-        ],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "rules": [
+                    {
+                        "max_batch": 1,
+                        "switches": {"USE_PTO_RMS_NORM": True},
+                        "reason": "measured: b1",
+                    },
+                    {"max_batch": None, "switches": {}, "reason": "measured: nothing helps"},
+                ],
+            }
+        )
+    )
     cfg = pk.DynamicPTOConfig.from_json(path)
-    assert cfg.for_batch(1).switches["rms_norm"] and cfg.for_batch(1).reason == "measured: b1"
+    assert cfg.for_batch(1).switches["rms_norm"]
+    assert cfg.for_batch(1).reason == "measured: b1"
     assert not any(cfg.for_batch(8).switches.values())
     assert cfg.to_dict()["source"] == str(path)
 
@@ -39,9 +50,21 @@ def test_policy_loads_from_json(tmp_path):
     ("doc", "msg"),
     [
         ({"schema_version": 2, "rules": []}, "schema_version 1"),
-        ({"schema_version": 1, "rules": [{"max_batch": 4, "switches": {}, "reason": "x"}]}, "last rule"),
-        ({"schema_version": 1, "rules": [{"max_batch": None, "switches": {"flash": True}, "reason": "x"}]}, "unknown op"),
-        ({"schema_version": 1, "rules": [{"max_batch": 0, "switches": {}, "reason": "x"}]}, "positive"),
+        (
+            {"schema_version": 1, "rules": [{"max_batch": 4, "switches": {}, "reason": "x"}]},
+            "last rule",
+        ),
+        (
+            {
+                "schema_version": 1,
+                "rules": [{"max_batch": None, "switches": {"flash": True}, "reason": "x"}],
+            },
+            "unknown op",
+        ),
+        (
+            {"schema_version": 1, "rules": [{"max_batch": 0, "switches": {}, "reason": "x"}]},
+            "positive",
+        ),
     ],
 )
 def test_bad_policy_files_name_the_problem(tmp_path, doc, msg):
@@ -53,7 +76,8 @@ def test_bad_policy_files_name_the_problem(tmp_path, doc, msg):
 
 def test_plugin_is_registered_for_pypto_bench():
     eps = [ep for ep in entry_points(group="pypto.kernels") if ep.name == "gutenocr"]
-    assert len(eps) == 1 and eps[0].load() is PLUGIN
+    assert len(eps) == 1
+    assert eps[0].load() is PLUGIN
     assert PLUGIN.name == "gutenocr"
 
 

@@ -6,6 +6,8 @@ kernel through the CPU SIM + verify path, at full shapes or at the reduced shape
 the case declares (the test id says which).
 """
 
+import os
+
 import pytest
 import torch
 
@@ -29,7 +31,9 @@ def test_cases_cover_the_real_model_shapes():
     assert shapes["mrope.prefill.s64"]["cos"] == [3, 1, 64, 128]
     for n in (1, 8, 16, 64):
         s = shapes[f"swiglu_mlp.n{n}"]
-        assert s["x"] == [n, 2048] and s["w_gate"] == [2048, 11008] and s["w_down"] == [11008, 2048]
+        assert s["x"] == [n, 2048]
+        assert s["w_gate"] == [2048, 11008]
+        assert s["w_down"] == [11008, 2048]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -56,6 +60,9 @@ def test_pypto_kernel_matches_golden(case, pypto_cpu):
     for name in case.outputs:
         assert got[name].abs().max() > 0, name
     assert all(e >= 0 for e in errs.values())
+    # The per-call cost-model folders (1-170 MB each) are not left behind.
+    mine = f"_{os.getpid()}_"
+    assert not [n for n in os.listdir(os.environ["TILE_FWK_OUTPUT_DIR"]) if mine in n]
 
 
 def test_make_inputs_is_deterministic_per_seed():

@@ -36,7 +36,11 @@ def test_mrope_reference_equals_transformers_recomposed_rotary():
 def test_swiglu_reference_matches_linear_layers():
     torch.manual_seed(0)
     x = torch.randn(4, 64)
-    g, u, dn = torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(64, 128, bias=False), torch.nn.Linear(128, 64, bias=False)
+    g, u, dn = (
+        torch.nn.Linear(64, 128, bias=False),
+        torch.nn.Linear(64, 128, bias=False),
+        torch.nn.Linear(128, 64, bias=False),
+    )
     want = dn(torch.nn.functional.silu(g(x)) * u(x))
     got = swiglu_mlp_reference(x, g.weight.t(), u.weight.t(), dn.weight.t())
     torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-5)

@@ -55,7 +55,11 @@ def test_upstream_defect_and_fix(mode, expected, pypto_cpu, tmp_path):
     probe = tmp_path / "probe.py"  # a file: the jit parser reads kernel source with inspect
     probe.write_text(_PROBE)
     out = subprocess.run(
-        [sys.executable, str(probe), mode], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        [sys.executable, str(probe), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
     assert line, out.stderr[-2000:]

@@ -19,12 +19,21 @@ def test_module_attributes_read_and_write_the_shared_state():
 
 def test_context_manager_sets_and_restores_even_on_error():
     pk.USE_PTO_MROPE = True
-    with pytest.raises(KeyError), pk.pto_switches(swiglu_mlp=True, mrope=False):
-        assert pk.USE_PTO_SWIGLU_MLP and not pk.USE_PTO_MROPE
-        raise KeyError("boom")
-    assert not pk.USE_PTO_SWIGLU_MLP and pk.USE_PTO_MROPE
+    seen = {}
+
+    def body():
+        with pk.pto_switches(swiglu_mlp=True, mrope=False):
+            seen.update(swiglu=pk.USE_PTO_SWIGLU_MLP, mrope=pk.USE_PTO_MROPE)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        body()
+    assert seen == {"swiglu": True, "mrope": False}
+    assert not pk.USE_PTO_SWIGLU_MLP
+    assert pk.USE_PTO_MROPE
     with pk.pto_switches({"USE_PTO_RMS_NORM": True}, mrope=None):
-        assert pk.USE_PTO_RMS_NORM and pk.USE_PTO_MROPE
+        assert pk.USE_PTO_RMS_NORM
+        assert pk.USE_PTO_MROPE
 
 
 def test_unknown_switch_names_are_rejected():
@@ -38,7 +47,10 @@ def test_unknown_switch_names_are_rejected():
     ("spec", "expected"),
     [
         ("all", {"USE_PTO_RMS_NORM": True, "USE_PTO_MROPE": True, "USE_PTO_SWIGLU_MLP": True}),
-        ("swiglu_mlp, mrope", {"USE_PTO_RMS_NORM": False, "USE_PTO_MROPE": True, "USE_PTO_SWIGLU_MLP": True}),
+        (
+            "swiglu_mlp, mrope",
+            {"USE_PTO_RMS_NORM": False, "USE_PTO_MROPE": True, "USE_PTO_SWIGLU_MLP": True},
+        ),
         ("none", {"USE_PTO_RMS_NORM": False, "USE_PTO_MROPE": False, "USE_PTO_SWIGLU_MLP": False}),
     ],
 )
@@ -47,6 +59,8 @@ def test_environment_variable_sets_switches_at_import(spec, expected):
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={**__import__("os").environ, "PYPTO_GUTENOCR_SWITCHES": spec},
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert __import__("json").loads(out.stdout) == expected

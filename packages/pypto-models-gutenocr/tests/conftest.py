@@ -15,7 +15,11 @@ import tempfile
 import pytest
 
 _RUN = tempfile.mkdtemp(prefix="pypto-gutenocr-model-tests-")
-for var, sub in (("TILE_FWK_OUTPUT_DIR", "output"), ("ASCEND_PROCESS_LOG_PATH", "log"), ("PYPTO_HOME", "home")):
+for var, sub in (
+    ("TILE_FWK_OUTPUT_DIR", "output"),
+    ("ASCEND_PROCESS_LOG_PATH", "log"),
+    ("PYPTO_HOME", "home"),
+):
     os.environ.setdefault(var, os.path.join(_RUN, sub))
     os.makedirs(os.environ[var], exist_ok=True)
 
@@ -36,9 +40,16 @@ TINY = {
     "hidden_act": "silu",
     "tie_word_embeddings": False,
     "vision_config": {
-        "depth": 2, "hidden_size": 32, "out_hidden_size": 128, "num_heads": 2,
-        "intermediate_size": 64, "patch_size": 14, "spatial_merge_size": 2,
-        "temporal_patch_size": 2, "window_size": 56, "fullatt_block_indexes": [1],
+        "depth": 2,
+        "hidden_size": 32,
+        "out_hidden_size": 128,
+        "num_heads": 2,
+        "intermediate_size": 64,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
         "in_channels": 3,
     },
 }
@@ -62,9 +73,14 @@ def make_tiny_gutenocr(path, seed: int = 0):
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     cfg = dict(TINY)
     cfg.update(
-        vocab_size=len(tok), pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vocab_size=len(tok),
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
     )
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**cfg)).eval()

@@ -2,17 +2,34 @@ import pytest
 
 from pypto_models_gutenocr import GutenOCRConfig, MRopeSectionError
 
-BASE = {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 300,
-        "intermediate_size": 512, "num_hidden_layers": 1}
+BASE = {
+    "hidden_size": 256,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 300,
+    "intermediate_size": 512,
+    "num_hidden_layers": 1,
+}
 
 
 @pytest.mark.parametrize(
     "extra",
     [
         {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},  # 4.x flat checkpoint
-        {"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-         "text_config": {**BASE, "model_type": "qwen2_5_vl_text"}},  # nested text_config without it
-        {"text_config": {**BASE, "rope_parameters": {"rope_type": "default", "mrope_section": [16, 24, 24], "rope_theta": 1e6}}},
+        {
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+            "text_config": {**BASE, "model_type": "qwen2_5_vl_text"},
+        },  # nested text_config without it
+        {
+            "text_config": {
+                **BASE,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "mrope_section": [16, 24, 24],
+                    "rope_theta": 1e6,
+                },
+            }
+        },
     ],
     ids=["flat-rope_scaling", "nested-text-without-section", "nested-rope_parameters"],
 )

@@ -14,8 +14,12 @@ from pypto_models_gutenocr.runner import ImageTextProcessor, load_processor
 
 @pytest.fixture(scope="module")
 def models(tiny_gutenocr):
-    ours = GutenOCRForConditionalGeneration.from_pretrained(str(tiny_gutenocr), dtype=torch.float32).eval()
-    native = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_gutenocr), dtype=torch.float32).eval()
+    ours = GutenOCRForConditionalGeneration.from_pretrained(
+        str(tiny_gutenocr), dtype=torch.float32
+    ).eval()
+    native = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        str(tiny_gutenocr), dtype=torch.float32
+    ).eval()
     return ours, native
 
 
@@ -36,10 +40,17 @@ def _logits(model, **inputs):
 
 def test_weights_load_completely_and_hooks_sit_only_in_the_text_decoder(models):
     ours, native = models
-    for (n1, p1), (n2, p2) in zip(ours.state_dict().items(), native.state_dict().items(), strict=True):
-        assert n1 == n2 and torch.equal(p1, p2), n1
-    assert ours.hook_counts == {"GutenOCRTextRMSNorm": 5, "GutenOCRTextMLP": 2,
-                                "GutenOCRTextRotaryEmbedding": 1, "GutenOCRTextAttention": 2}
+    for (n1, p1), (n2, p2) in zip(
+        ours.state_dict().items(), native.state_dict().items(), strict=True
+    ):
+        assert n1 == n2
+        assert torch.equal(p1, p2), n1
+    assert ours.hook_counts == {
+        "GutenOCRTextRMSNorm": 5,
+        "GutenOCRTextMLP": 2,
+        "GutenOCRTextRotaryEmbedding": 1,
+        "GutenOCRTextAttention": 2,
+    }
     vision_types = {type(m) for m in ours.model.visual.modules()}
     assert not any(t.__module__.startswith("pypto_models_gutenocr") for t in vision_types)
     assert isinstance(ours.model.language_model.norm, GutenOCRTextRMSNorm)
@@ -55,7 +66,9 @@ def test_switches_off_logits_identical_to_native_text_and_image(models, image_in
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "mrope", "swiglu_mlp"])
-def test_each_switch_through_the_fallback_stays_within_tolerance(models, image_inputs, op, monkeypatch):
+def test_each_switch_through_the_fallback_stays_within_tolerance(
+    models, image_inputs, op, monkeypatch
+):
     monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
     ours, _ = models
     off = _logits(ours, **image_inputs)
@@ -76,7 +89,8 @@ def test_each_switch_through_the_pypto_kernel_stays_within_tolerance(models, ima
     with pk.pto_switches({op: True}):
         on = _logits(ours, **image_inputs)
     calls = pk.report()["calls"][op]
-    assert calls["reference"] == 0 and calls["pypto"] > 0, pk.report()
+    assert calls["reference"] == 0, pk.report()
+    assert calls["pypto"] > 0
     torch.testing.assert_close(on, off, rtol=1e-3, atol=1e-3)
 
 

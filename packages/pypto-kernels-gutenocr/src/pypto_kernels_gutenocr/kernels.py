@@ -11,8 +11,6 @@ Nothing here imports pypto at module import: :func:`backend` does, lazily,
 through the CPU shim or for a real NPU.
 """
 
-
-
 import functools
 import os
 from dataclasses import dataclass
@@ -37,7 +35,9 @@ class Tiles:
 
 
 RMS_TILES = Tiles(rows=8, vec_rows=4)
-SWIGLU_TILES = Tiles(rows=64, vec_rows=8, vec_cols=2048, cube_m=(32, 32), cube_k=(128, 512), cube_n=(256, 256))
+SWIGLU_TILES = Tiles(
+    rows=64, vec_rows=8, vec_cols=2048, cube_m=(32, 32), cube_k=(128, 512), cube_n=(256, 256)
+)
 
 
 class Backend:
@@ -91,7 +91,9 @@ def _backend(device_type: str) -> Backend:
 
 
 @functools.lru_cache(maxsize=32)
-def rms_norm_kernel(bk: Backend, hidden: int, dtype: torch.dtype, eps: float, tiles: Tiles = RMS_TILES):
+def rms_norm_kernel(
+    bk: Backend, hidden: int, dtype: torch.dtype, eps: float, tiles: Tiles = RMS_TILES
+):
     """x [N, hidden] -> x * rsqrt(mean(x^2) + eps) * w, fp32 inside, N dynamic."""
     pypto = bk.pypto
     dt = bk.dtype(dtype)
@@ -202,8 +204,12 @@ def swiglu_split_kernels(
         for i in pypto.loop((n + tm - 1) // tm):
             off = i * tm
             end = pypto.min(off + tm, n)
-            gv = pypto.cast(pypto.view(g, [tm, inter], [off, 0], valid_shape=[end - off, inter]), fp32)
-            uv = pypto.cast(pypto.view(u, [tm, inter], [off, 0], valid_shape=[end - off, inter]), fp32)
+            gv = pypto.cast(
+                pypto.view(g, [tm, inter], [off, 0], valid_shape=[end - off, inter]), fp32
+            )
+            uv = pypto.cast(
+                pypto.view(u, [tm, inter], [off, 0], valid_shape=[end - off, inter]), fp32
+            )
             pypto.assemble(pypto.cast(_silu(pypto, gv) * uv, dt), [off, 0], a_out)
 
     @pypto.frontend.jit(**bk.jit_options())

@@ -66,7 +66,12 @@ def _hidden_rule(x: torch.Tensor, weight: torch.Tensor, **_: object) -> str | No
 
 
 def _mrope_rule(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, sections: Sequence[int]
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    sections: Sequence[int],
 ) -> str | None:
     if q.dim() != 4 or k.dim() != 4:
         return f"q/k must be [B, H, S, D], got {tuple(q.shape)} / {tuple(k.shape)}"
@@ -112,11 +117,17 @@ def _backend_or_reason(t: torch.Tensor):
         return None, str(err)
 
 
-def _run(op: str, fn: Callable[[], None]) -> None:
+def _run(op: str, fn: Callable[[], None], sim: bool = False) -> None:
+    from . import sim_shim
+
+    before = sim_shim.run_output_names() if sim else set()
     try:
         fn()
     except (RuntimeError, ValueError) as err:  # parser/compile/runtime errors from PyPTO
         raise KernelError(f"PyPTO {op} kernel failed: {err}") from err
+    finally:
+        if sim:
+            sim_shim.discard_run_outputs(before)
     stats.record_pypto(op)
 
 
@@ -140,7 +151,11 @@ class PackCache:
     def transposed(self, weight: torch.Tensor) -> torch.Tensor:
         key = id(weight)
         hit = self._cache.get(key)
-        if hit is not None and hit[0]() is weight and hit[1:3] == (weight._version, weight.data_ptr()):
+        if (
+            hit is not None
+            and hit[0]() is weight
+            and hit[1:3] == (weight._version, weight.data_ptr())
+        ):
             return hit[3]
         packed = weight.detach().t().contiguous()
         if hit is None or hit[0]() is not weight:
@@ -178,7 +193,7 @@ def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: flo
     x2 = hidden_states.reshape(-1, h).contiguous()
     out = torch.empty_like(x2)
     kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps))
-    _run("rms_norm", lambda: kern(x2, weight.detach().contiguous(), out))
+    _run("rms_norm", lambda: kern(x2, weight.detach().contiguous(), out), bk.mode == "sim")
     return out.reshape(hidden_states.shape)
 
 
@@ -215,7 +230,11 @@ def mrope_pto_correct(
     qc, kc = q.contiguous(), k.contiguous()
     q_out, k_out = torch.empty_like(qc), torch.empty_like(kc)
     kern = kernels.mrope_kernel(bk, b, hq, k.shape[1], s, d, sections, q.dtype)
-    _run("mrope", lambda: kern(qc, kc, cos.contiguous(), sin.contiguous(), q_out, k_out))
+    _run(
+        "mrope",
+        lambda: kern(qc, kc, cos.contiguous(), sin.contiguous(), q_out, k_out),
+        bk.mode == "sim",
+    )
     return q_out, k_out
 
 
@@ -264,5 +283,5 @@ def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor)
     xc = x2.contiguous()
     out = torch.empty_like(xc)
     kern = kernels.swiglu_mlp_kernel(bk, h, w_gate.shape[1], xc.dtype)
-    _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out))
+    _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out), bk.mode == "sim")
     return out.reshape(hidden_states.shape)

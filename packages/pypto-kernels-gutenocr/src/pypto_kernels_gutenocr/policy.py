@@ -67,7 +67,9 @@ class DynamicPTOConfig:
 
     def __init__(self, rules: tuple[Rule, ...] = SEED_RULES, source: str = "seed") -> None:
         if not rules or rules[-1].max_batch is not None:
-            raise PolicyError(f"{source}: the last rule must have max_batch null (covers any batch)")
+            raise PolicyError(
+                f"{source}: the last rule must have max_batch null (covers any batch)"
+            )
         self.rules = rules
         self.source = source
 
@@ -97,7 +99,9 @@ class DynamicPTOConfig:
             raise PolicyError(f"batch must be >= 1, got {batch}")
         for rule in self.rules:
             if rule.max_batch is None or batch <= rule.max_batch:
-                return Decision(batch, {op: rule.switches.get(op, False) for op in OPS}, rule.reason)
+                return Decision(
+                    batch, {op: rule.switches.get(op, False) for op in OPS}, rule.reason
+                )
         raise AssertionError("unreachable: last rule covers any batch")
 
     @contextlib.contextmanager

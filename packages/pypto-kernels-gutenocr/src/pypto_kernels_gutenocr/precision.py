@@ -59,8 +59,15 @@ def load_cases() -> list[Case]:
     doc = load_document()
     return [
         Case(
-            c["id"], c["op"], c["description"], int(c["seed"]), c["inputs"], list(c["outputs"]),
-            float(c["rtol"]), float(c["atol"]), c.get("cpu_path", {"shapes": "full"}),
+            c["id"],
+            c["op"],
+            c["description"],
+            int(c["seed"]),
+            c["inputs"],
+            list(c["outputs"]),
+            float(c["rtol"]),
+            float(c["atol"]),
+            c.get("cpu_path", {"shapes": "full"}),
         )
         for c in doc["cases"]
     ]
@@ -156,11 +163,15 @@ def run_kernel(case: Case, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
         return _RUNNERS[case.op](True)(**inputs)
 
 
-def compare(case: Case, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, float]:
+def compare(
+    case: Case, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
+) -> dict[str, float]:
     """Max abs error per output; raises AssertionError outside rtol/atol."""
     errs = {}
     for name in case.outputs:
         g, w = got[name].float(), want[name].float()
         errs[name] = (g - w).abs().max().item()
-        torch.testing.assert_close(g, w, rtol=case.rtol, atol=case.atol, msg=lambda m, n=name: f"{case.id}/{n}: {m}")
+        torch.testing.assert_close(
+            g, w, rtol=case.rtol, atol=case.atol, msg=lambda m, n=name: f"{case.id}/{n}: {m}"
+        )
     return errs

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm_reference(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_reference(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x * rsqrt(mean(x^2) + eps) * weight, fp32 math, input dtype out."""
     x = hidden_states.float()
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()

@@ -102,7 +102,9 @@ def import_pypto() -> ModuleType:
 
     version = installed_version()
     if version is None:
-        raise SimUnavailableError("pypto is not installed (pip install 'pypto-kernels-gutenocr[pypto]')")
+        raise SimUnavailableError(
+            "pypto is not installed (pip install 'pypto-kernels-gutenocr[pypto]')"
+        )
     prepare_environment()
     import pypto
 
@@ -202,6 +204,28 @@ def sim_options(pypto: ModuleType) -> dict[str, Any]:
             "pass_verify_pass_filter": [],
         },
     }
+
+
+def discard_run_outputs(before: set[str]) -> None:
+    """Delete this process's per-call output folders created since ``before``.
+
+    Every SIM call writes a 1-170 MB folder (cost-model traces); a model forward
+    makes dozens of calls. Set ``PYPTO_GUTENOCR_KEEP_OUTPUT=1`` to keep them.
+    """
+    if os.environ.get("PYPTO_GUTENOCR_KEEP_OUTPUT") == "1":
+        return
+    root = os.environ.get("TILE_FWK_OUTPUT_DIR")
+    if not root or not os.path.isdir(root):
+        return
+    tag = f"_{os.getpid()}_"
+    for name in set(os.listdir(root)) - before:
+        if tag in name:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def run_output_names() -> set[str]:
+    root = os.environ.get("TILE_FWK_OUTPUT_DIR")
+    return set(os.listdir(root)) if root and os.path.isdir(root) else set()
 
 
 def flush_c_stdio() -> None:

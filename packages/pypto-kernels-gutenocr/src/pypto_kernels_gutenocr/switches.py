@@ -18,7 +18,11 @@ import threading
 from collections.abc import Iterator, Mapping
 
 OPS = ("rms_norm", "mrope", "swiglu_mlp")
-FLAG_NAMES = {"rms_norm": "USE_PTO_RMS_NORM", "mrope": "USE_PTO_MROPE", "swiglu_mlp": "USE_PTO_SWIGLU_MLP"}
+FLAG_NAMES = {
+    "rms_norm": "USE_PTO_RMS_NORM",
+    "mrope": "USE_PTO_MROPE",
+    "swiglu_mlp": "USE_PTO_SWIGLU_MLP",
+}
 ENV_VAR = "PYPTO_GUTENOCR_SWITCHES"
 
 _lock = threading.Lock()

@@ -2,8 +2,8 @@
 
 __version__ = "0.1.0"
 
-from .configuration import GutenOCRConfig, MRopeSectionError, normalize_mrope_section  # noqa: E402
-from .modeling import GutenOCRForConditionalGeneration, install_hooks, register_auto_classes  # noqa: E402
+from .configuration import GutenOCRConfig, MRopeSectionError, normalize_mrope_section
+from .modeling import GutenOCRForConditionalGeneration, install_hooks, register_auto_classes
 
 register_auto_classes()
 

@@ -28,11 +28,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", default=None, help="model folder (default $GUTENOCR_MODEL_PATH)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--use_compile", action="store_true", help="torch.compile the forward")
-    p.add_argument("--use_acl_graph", action="store_true",
-                   help="graph mode: torchair when installed, else torch.compile reduce-overhead")
-    p.add_argument("--use_dynamic_config", action="store_true",
-                   help="choose switches by batch size (DynamicPTOConfig)")
-    p.add_argument("--policy-file", default=None, help="JSON batch policy (default: the seed policy)")
+    p.add_argument(
+        "--use_acl_graph",
+        action="store_true",
+        help="graph mode: torchair when installed, else torch.compile reduce-overhead",
+    )
+    p.add_argument(
+        "--use_dynamic_config",
+        action="store_true",
+        help="choose switches by batch size (DynamicPTOConfig)",
+    )
+    p.add_argument(
+        "--policy-file", default=None, help="JSON batch policy (default: the seed policy)"
+    )
     p.add_argument("--simple_prompt", action="store_true", help="raw prompt, no chat template")
     p.add_argument("--backend", default=None, help="torch.compile backend (default inductor)")
     p.add_argument("--mode", default=None, help="torch.compile / torchair mode")
@@ -59,11 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _options(args: argparse.Namespace, use_pto: bool) -> AskOptions:
     return AskOptions(
-        model_path=args.model_path, prompt=args.prompt, device=args.device, warmup=args.warmup,
-        use_pto=use_pto, use_compile=args.use_compile, use_acl_graph=args.use_acl_graph,
-        use_dynamic_config=args.use_dynamic_config, policy_file=args.policy_file,
-        simple_prompt=args.simple_prompt, backend=args.backend, mode=args.mode, batch=args.batch,
-        output_length=args.output_length, image=args.image, dtype=args.dtype,
+        model_path=args.model_path,
+        prompt=args.prompt,
+        device=args.device,
+        warmup=args.warmup,
+        use_pto=use_pto,
+        use_compile=args.use_compile,
+        use_acl_graph=args.use_acl_graph,
+        use_dynamic_config=args.use_dynamic_config,
+        policy_file=args.policy_file,
+        simple_prompt=args.simple_prompt,
+        backend=args.backend,
+        mode=args.mode,
+        batch=args.batch,
+        output_length=args.output_length,
+        image=args.image,
+        dtype=args.dtype,
         runs=getattr(args, "runs", 1),
     )
 
@@ -71,9 +90,11 @@ def _options(args: argparse.Namespace, use_pto: bool) -> AskOptions:
 def _human(report: dict) -> str:
     k = report["kernels"]["calls"]
     ran = ", ".join(f"{op}: pypto {c['pypto']} / reference {c['reference']}" for op, c in k.items())
-    return (f"{report['tokens']} tokens in {report['generate_s']:.3f} s "
-            f"({report['tok_per_s']:.2f} tok/s, load {report['load_s']:.2f} s, graph {report['graph']['graph']}); "
-            f"kernels: {ran}")
+    return (
+        f"{report['tokens']} tokens in {report['generate_s']:.3f} s "
+        f"({report['tok_per_s']:.2f} tok/s, load {report['load_s']:.2f} s, graph {report['graph']['graph']}); "
+        f"kernels: {ran}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary))
         for key, row in summary["metrics"].items():
             d = row["delta_pct"]
-            print(f"{key:18s} baseline {row['baseline']!s:>14.14} pypto {row['pypto']!s:>14.14} "
-                  f"delta {'n/a' if d is None else f'{d:+.1f}%'}", file=sys.stderr)
+            print(
+                f"{key:18s} baseline {row['baseline']!s:>14.14} pypto {row['pypto']!s:>14.14} "
+                f"delta {'n/a' if d is None else f'{d:+.1f}%'}",
+                file=sys.stderr,
+            )
         return 0
     except KernelError as err:
         print(f"pypto-gutenocr: {err} (run with the switch off to compare)", file=sys.stderr)

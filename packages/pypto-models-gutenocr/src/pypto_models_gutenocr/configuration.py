@@ -28,7 +28,9 @@ def _section_from(params: Any) -> list[int] | None:
     return None
 
 
-def normalize_mrope_section(config: Qwen2_5_VLConfig, raw: dict[str, Any] | None = None) -> list[int]:
+def normalize_mrope_section(
+    config: Qwen2_5_VLConfig, raw: dict[str, Any] | None = None
+) -> list[int]:
     """Put the checkpoint's mrope_section into ``config.text_config.rope_parameters``."""
     text = config.text_config
     params = dict(getattr(text, "rope_parameters", None) or {})

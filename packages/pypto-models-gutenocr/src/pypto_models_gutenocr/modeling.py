@@ -53,7 +53,9 @@ class GutenOCRTextRotaryEmbedding(qvl.Qwen2_5_VLRotaryEmbedding):
             return super().forward(x, position_ids)
         # Three-axis form: one cos/sin row per position axis, split later by the kernel.
         position_ids = position_ids.expand(3, -1, -1)
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        freqs = position_ids[..., None].float() * self.inv_freq.to(
+            device=x.device, dtype=torch.float
+        )
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling

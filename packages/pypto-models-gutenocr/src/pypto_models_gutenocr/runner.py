@@ -77,7 +77,9 @@ def resolve_device(spec: str | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EnvironmentMissingError(f"--device {spec}: no CUDA device here (use --device cpu)")
     if dev.type == "npu" and not (getattr(torch, "npu", None) and torch.npu.is_available()):
-        raise EnvironmentMissingError(f"--device {spec}: no Ascend NPU here (install torch_npu + CANN, or use --device cpu)")
+        raise EnvironmentMissingError(
+            f"--device {spec}: no Ascend NPU here (install torch_npu + CANN, or use --device cpu)"
+        )
     return dev
 
 
@@ -101,7 +103,10 @@ def _peak_bytes(device: torch.device) -> dict[str, Any]:
     if device.type == "npu":
         return {"peak_allocated": torch.npu.max_memory_allocated(device), "kind": "device"}
     # CPU: the process's peak RSS (cannot be reset: it includes model load).
-    return {"peak_allocated": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "kind": "process_peak_rss"}
+    return {
+        "peak_allocated": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "kind": "process_peak_rss",
+    }
 
 
 def model_path_or_error(path: str | None) -> Path:
@@ -114,9 +119,13 @@ def model_path_or_error(path: str | None) -> Path:
     return p
 
 
-def load_model(path: Path, device: torch.device, dtype: str = "auto") -> GutenOCRForConditionalGeneration:
+def load_model(
+    path: Path, device: torch.device, dtype: str = "auto"
+) -> GutenOCRForConditionalGeneration:
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    model = GutenOCRForConditionalGeneration.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    model = GutenOCRForConditionalGeneration.from_pretrained(
+        str(path), dtype=torch_dtype, local_files_only=True
+    )
     return model.to(device).eval()
 
 
@@ -162,10 +171,14 @@ def load_processor(path: Path, with_image: bool, config=None):
     except (OSError, ValueError, TypeError, AttributeError, ImportError) as err:
         log.info("full processor unavailable (%s); pairing image processor and tokenizer", err)
     try:
-        image_processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True, use_fast=False)
+        image_processor = AutoImageProcessor.from_pretrained(
+            str(path), local_files_only=True, use_fast=False
+        )
     except (OSError, ValueError) as err:
         raise BadInputError(f"{path}: no image processor for --image ({err})") from err
-    image_token = tok.convert_ids_to_tokens(config.image_token_id) if config is not None else "<|image_pad|>"
+    image_token = (
+        tok.convert_ids_to_tokens(config.image_token_id) if config is not None else "<|image_pad|>"
+    )
     return ImageTextProcessor(image_processor, tok, image_token)
 
 
@@ -189,16 +202,25 @@ def build_inputs(proc, opts: AskOptions, config) -> dict[str, torch.Tensor]:
             content.insert(0, {"type": "image"})
         text = proc.apply_chat_template(
             [{"role": "user", "content": content if images else opts.prompt}],
-            tokenize=False, add_generation_prompt=True,
+            tokenize=False,
+            add_generation_prompt=True,
         )
     else:
         text = opts.prompt
         if images:
-            vs, pad, ve = (tok.convert_ids_to_tokens(i) for i in (
-                config.vision_start_token_id, config.image_token_id, config.vision_end_token_id))
+            vs, pad, ve = (
+                tok.convert_ids_to_tokens(i)
+                for i in (
+                    config.vision_start_token_id,
+                    config.image_token_id,
+                    config.vision_end_token_id,
+                )
+            )
             text = f"{vs}{pad}{ve}{opts.prompt}"
     if images:
-        return dict(proc(text=[text] * opts.batch, images=images, return_tensors="pt", padding=True))
+        return dict(
+            proc(text=[text] * opts.batch, images=images, return_tensors="pt", padding=True)
+        )
     return dict(tok([text] * opts.batch, return_tensors="pt", padding=True))
 
 
@@ -210,8 +232,11 @@ def kernel_switches(opts: AskOptions) -> Iterator[dict[str, Any]]:
             yield {"policy": "off"}
         return
     if opts.use_dynamic_config:
-        cfg = (kernels.DynamicPTOConfig.from_json(opts.policy_file) if opts.policy_file
-               else kernels.DynamicPTOConfig())
+        cfg = (
+            kernels.DynamicPTOConfig.from_json(opts.policy_file)
+            if opts.policy_file
+            else kernels.DynamicPTOConfig()
+        )
         with cfg.apply(opts.batch) as decision:
             yield {"policy": cfg.source, **decision.to_dict()}
         return
@@ -232,10 +257,16 @@ def compile_model(model, opts: AskOptions) -> dict[str, Any]:
             return {"graph": "torchair", "mode": cfg.mode}
         mode = opts.mode or "reduce-overhead"
         model.forward = torch.compile(model.forward, backend=opts.backend or "inductor", mode=mode)
-        return {"graph": "torch.compile", "backend": opts.backend or "inductor", "mode": mode,
-                "note": "torchair not installed: --use_acl_graph used torch.compile"}
+        return {
+            "graph": "torch.compile",
+            "backend": opts.backend or "inductor",
+            "mode": mode,
+            "note": "torchair not installed: --use_acl_graph used torch.compile",
+        }
     if opts.use_compile:
-        model.forward = torch.compile(model.forward, backend=opts.backend or "inductor", mode=opts.mode)
+        model.forward = torch.compile(
+            model.forward, backend=opts.backend or "inductor", mode=opts.mode
+        )
         return {"graph": "torch.compile", "backend": opts.backend or "inductor", "mode": opts.mode}
     return {"graph": "eager"}
 
@@ -270,8 +301,12 @@ def run(opts: AskOptions) -> dict[str, Any]:
     proc = load_processor(path, bool(opts.image), model.config)
     inputs = {k: v.to(device) for k, v in build_inputs(proc, opts, model.config).items()}
     graph = compile_model(model, opts)
-    gen = {"max_new_tokens": opts.output_length, "min_new_tokens": opts.output_length,
-           "do_sample": False, "pad_token_id": getattr(proc, "tokenizer", proc).pad_token_id}
+    gen = {
+        "max_new_tokens": opts.output_length,
+        "min_new_tokens": opts.output_length,
+        "do_sample": False,
+        "pad_token_id": getattr(proc, "tokenizer", proc).pad_token_id,
+    }
     with kernel_switches(opts) as switch_info, torch.no_grad():
         for _ in range(opts.warmup):
             model.generate(**inputs, **gen)
@@ -284,8 +319,10 @@ def run(opts: AskOptions) -> dict[str, Any]:
             out = model.generate(**inputs, **gen)
             synchronize(device)
             times.append(time.perf_counter() - t)
-            new = out[:, inputs["input_ids"].shape[1]:]
-            tokens.append(_count_tokens(new, model.generation_config.eos_token_id, gen["pad_token_id"]))
+            new = out[:, inputs["input_ids"].shape[1] :]
+            tokens.append(
+                _count_tokens(new, model.generation_config.eos_token_id, gen["pad_token_id"])
+            )
         kernel_report = kernels.report()
     tok = getattr(proc, "tokenizer", proc)
     text = tok.batch_decode(new, skip_special_tokens=True)
@@ -313,8 +350,12 @@ def run(opts: AskOptions) -> dict[str, Any]:
         "switch_policy": switch_info,
         "kernels": kernel_report,
         "text": text,
-        "env": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                "python": platform.python_version(), "pypto_kernels_gutenocr": kernels.__version__},
+        "env": {
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "python": platform.python_version(),
+            "pypto_kernels_gutenocr": kernels.__version__,
+        },
     }
 
 
@@ -327,10 +368,18 @@ def _delta(base: float | None, new: float | None) -> float | None:
 def summarize(baseline: dict[str, Any], pypto: dict[str, Any]) -> dict[str, Any]:
     rows = {}
     for key in ("load_s", "generate_s", "tokens", "tok_per_s"):
-        rows[key] = {"baseline": baseline[key], "pypto": pypto[key], "delta_pct": _delta(baseline[key], pypto[key])}
+        rows[key] = {
+            "baseline": baseline[key],
+            "pypto": pypto[key],
+            "delta_pct": _delta(baseline[key], pypto[key]),
+        }
     b, p = baseline["peak_memory"]["peak_allocated"], pypto["peak_memory"]["peak_allocated"]
-    rows["peak_memory_bytes"] = {"baseline": b, "pypto": p, "delta_pct": _delta(b, p),
-                                 "kind": pypto["peak_memory"]["kind"]}
+    rows["peak_memory_bytes"] = {
+        "baseline": b,
+        "pypto": p,
+        "delta_pct": _delta(b, p),
+        "kind": pypto["peak_memory"]["kind"],
+    }
     return {"schema_version": SCHEMA_VERSION, "metrics": rows, "pypto_kernels": pypto["kernels"]}
 
 
