@@ -117,13 +117,22 @@ def _backend_or_reason(t: torch.Tensor):
         return None, str(err)
 
 
+def _pypto_errors() -> tuple[type[BaseException], ...]:
+    """PyPTO's parser errors derive from Exception only; name them so they are wrapped."""
+    try:
+        from pypto.frontend.parser.error import ParserError
+    except ImportError:
+        return ()
+    return (ParserError,)
+
+
 def _run(op: str, fn: Callable[[], None], sim: bool = False) -> None:
     from . import sim_shim
 
     before = sim_shim.run_output_names() if sim else set()
     try:
         fn()
-    except (RuntimeError, ValueError) as err:  # parser/compile/runtime errors from PyPTO
+    except (RuntimeError, ValueError, *_pypto_errors()) as err:  # parse/compile/run errors
         raise KernelError(f"PyPTO {op} kernel failed: {err}") from err
     finally:
         if sim:
