@@ -38,6 +38,15 @@ RMS_TILES = Tiles(rows=8, vec_rows=4)
 SWIGLU_TILES = Tiles(
     rows=64, vec_rows=8, vec_cols=2048, cube_m=(32, 32), cube_k=(128, 512), cube_n=(256, 256)
 )
+# L0B holds 64 KB: k x n x 4 bytes must fit, so fp32 halves the bf16 n tile.
+SWIGLU_TILES_FP32 = Tiles(
+    rows=64, vec_rows=8, vec_cols=2048, cube_m=(32, 32), cube_k=(128, 128), cube_n=(128, 128)
+)
+
+
+def swiglu_tiles(dtype: torch.dtype) -> Tiles:
+    """Default SwiGLU tiles for an io dtype (cube buffers are sized in bytes)."""
+    return SWIGLU_TILES_FP32 if dtype == torch.float32 else SWIGLU_TILES
 
 
 class Backend:

@@ -291,6 +291,8 @@ def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor)
 
     xc = x2.contiguous()
     out = torch.empty_like(xc)
-    kern = kernels.swiglu_mlp_kernel(bk, h, w_gate.shape[1], xc.dtype)
+    kern = kernels.swiglu_mlp_kernel(
+        bk, h, w_gate.shape[1], xc.dtype, kernels.swiglu_tiles(xc.dtype)
+    )
     _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out), bk.mode == "sim")
     return out.reshape(hidden_states.shape)
