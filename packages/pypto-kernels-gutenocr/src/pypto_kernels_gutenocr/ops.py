@@ -201,7 +201,7 @@ def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: flo
     h = hidden_states.shape[-1]
     x2 = hidden_states.reshape(-1, h).contiguous()
     out = torch.empty_like(x2)
-    kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps))
+    kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps), kernels.rms_tiles(x2.dtype))
     _run("rms_norm", lambda: kern(x2, weight.detach().contiguous(), out), bk.mode == "sim")
     return out.reshape(hidden_states.shape)
 
