@@ -1,0 +1,298 @@
+"""Wrappers the model calls: envelope check, PyPTO kernel or counted fallback.
+
+Each op declares an :class:`Envelope` (dtypes, shape rules, devices). A call
+outside it, or on a machine where PyPTO cannot run, goes to the torch reference
+and is counted and logged once with the reason (see :mod:`.stats`). A call inside
+the envelope runs the PyPTO kernel; a kernel that then fails raises
+:class:`KernelError` rather than being papered over, because a silent fallback
+would make the accuracy/speed comparison meaningless.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from . import reference, stats, switches
+from .sim_shim import SimUnavailableError
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class KernelError(RuntimeError):
+    """A PyPTO kernel inside its envelope failed to build or run."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Where a kernel is valid. ``rules`` return a reason string when violated."""
+
+    op: str
+    dtypes: tuple[torch.dtype, ...] = _DTYPES
+    devices: tuple[str, ...] = ("cpu", "npu")
+    rules: tuple[Callable[..., str | None], ...] = field(default=())
+
+    def violation(self, tensors: Sequence[torch.Tensor], **shape_args: object) -> str | None:
+        dtype = tensors[0].dtype
+        device = tensors[0].device
+        for t in tensors:
+            if t.dtype != dtype:
+                return f"mixed dtypes {t.dtype} and {dtype}"
+            if t.device != device:
+                return f"tensors on {t.device} and {device}"
+        if dtype not in self.dtypes:
+            return f"dtype {dtype} outside envelope {[str(d) for d in self.dtypes]}"
+        if device.type not in self.devices:
+            return f"device {device.type} outside envelope {list(self.devices)}"
+        if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
+            return "autograd is on (kernels are inference-only)"
+        for rule in self.rules:
+            reason = rule(*tensors, **shape_args)
+            if reason:
+                return reason
+        return None
+
+
+def _hidden_rule(x: torch.Tensor, weight: torch.Tensor, **_: object) -> str | None:
+    h = x.shape[-1]
+    if weight.shape != (h,):
+        return f"weight shape {tuple(weight.shape)} != ({h},)"
+    if h % 64 or not 64 <= h <= 8192:
+        return f"hidden {h} outside envelope (multiple of 64 in 64..8192)"
+    return None
+
+
+def _mrope_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    sections: Sequence[int],
+) -> str | None:
+    if q.dim() != 4 or k.dim() != 4:
+        return f"q/k must be [B, H, S, D], got {tuple(q.shape)} / {tuple(k.shape)}"
+    b, _, s, d = q.shape
+    if k.shape[0] != b or k.shape[2:] != q.shape[2:]:
+        return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
+    if cos.shape != (3, b, s, d) or sin.shape != cos.shape:
+        return f"cos/sin must be [3, {b}, {s}, {d}], got {tuple(cos.shape)}"
+    if d % 64 or s > 8192:
+        return f"head_dim {d} / seq {s} outside envelope (head_dim multiple of 64, seq <= 8192)"
+    return None
+
+
+def _swiglu_rule(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+) -> str | None:
+    if x.dim() != 2:
+        return f"x must be [N, hidden], got {tuple(x.shape)}"
+    h, i = w_gate.shape
+    if x.shape[1] != h or w_up.shape != (h, i) or w_down.shape != (i, h):
+        return "weight shapes do not form an MLP for this x"
+    if h % 64 or i % 64 or h > 8192 or i > 32768:
+        return f"hidden {h} / intermediate {i} outside envelope (multiples of 64)"
+    return None
+
+
+RMS_NORM_ENVELOPE = Envelope("rms_norm", rules=(_hidden_rule,))
+MROPE_ENVELOPE = Envelope("mrope", rules=(_mrope_rule,))
+SWIGLU_ENVELOPE = Envelope("swiglu_mlp", rules=(_swiglu_rule,))
+ENVELOPES = {e.op: e for e in (RMS_NORM_ENVELOPE, MROPE_ENVELOPE, SWIGLU_ENVELOPE)}
+
+
+def _device_type(t: torch.Tensor) -> str:
+    return t.device.type
+
+
+def _backend_or_reason(t: torch.Tensor):
+    from . import kernels
+
+    try:
+        return kernels.backend(_device_type(t)), None
+    except SimUnavailableError as err:
+        return None, str(err)
+
+
+def _pypto_errors() -> tuple[type[BaseException], ...]:
+    """PyPTO's parser errors derive from Exception only; name them so they are wrapped."""
+    try:
+        from pypto.frontend.parser.error import ParserError
+    except ImportError:
+        return ()
+    return (ParserError,)
+
+
+def _run(op: str, fn: Callable[[], None], sim: bool = False) -> None:
+    from . import sim_shim
+
+    before = sim_shim.run_output_names() if sim else set()
+    try:
+        fn()
+    except (RuntimeError, ValueError, *_pypto_errors()) as err:  # parse/compile/run errors
+        raise KernelError(f"PyPTO {op} kernel failed: {err}") from err
+    finally:
+        if sim:
+            sim_shim.discard_run_outputs(before)
+    stats.record_pypto(op)
+
+
+# --------------------------------------------------------------------------- packing
+
+
+class PackCache:
+    """Weights packed once per weight tensor, keyed by identity and version.
+
+    ``nn.Linear`` stores [out, in]; the kernels want [in, out] contiguous. The
+    entry is dropped when the tensor is freed and rebuilt when it is modified in
+    place (its ``_version`` moves) or re-pointed (``data_ptr`` changes).
+    """
+
+    def __init__(self) -> None:
+        # id -> (weakref, version, data_ptr, packed). Keyed by id because tensors
+        # compare elementwise, which a WeakKeyDictionary would trip over.
+        self._cache: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
+        self.packs = 0
+
+    def transposed(self, weight: torch.Tensor) -> torch.Tensor:
+        key = id(weight)
+        hit = self._cache.get(key)
+        if (
+            hit is not None
+            and hit[0]() is weight
+            and hit[1:3] == (weight._version, weight.data_ptr())
+        ):
+            return hit[3]
+        packed = weight.detach().t().contiguous()
+        if hit is None or hit[0]() is not weight:
+            weakref.finalize(weight, self._cache.pop, key, None)
+        self._cache[key] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
+        self.packs += 1
+        return packed
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self.packs = 0
+
+
+PACKED = PackCache()
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim through PyPTO when on and inside the envelope."""
+    if not switches.is_on("rms_norm"):
+        stats.record_fallback("rms_norm", "switch USE_PTO_RMS_NORM is off")
+        return reference.rms_norm_reference(hidden_states, weight, eps)
+    reason = RMS_NORM_ENVELOPE.violation([hidden_states, weight])
+    bk = None
+    if reason is None:
+        bk, reason = _backend_or_reason(hidden_states)
+    if reason is not None:
+        stats.record_fallback("rms_norm", reason)
+        return reference.rms_norm_reference(hidden_states, weight, eps)
+    from . import kernels
+
+    h = hidden_states.shape[-1]
+    x2 = hidden_states.reshape(-1, h).contiguous()
+    out = torch.empty_like(x2)
+    kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps), kernels.rms_tiles(x2.dtype))
+    _run("rms_norm", lambda: kern(x2, weight.detach().contiguous(), out), bk.mode == "sim")
+    return out.reshape(hidden_states.shape)
+
+
+def mrope_pto_correct(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: Sequence[int],
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal RoPE on q/k with 3-axis cos/sin [3, B, S, D], split by ``mrope_section``."""
+    sections = tuple(int(s) for s in mrope_section)
+    if len(sections) != 3 or 2 * sum(sections) != q.shape[-1]:
+        # Neither the kernel nor the reference can compute this: a caller bug.
+        raise ValueError(f"mrope_section {list(sections)} does not cover head_dim {q.shape[-1]}")
+    if not switches.is_on("mrope"):
+        stats.record_fallback("mrope", "switch USE_PTO_MROPE is off")
+        return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
+    reason = None
+    if unsqueeze_dim != 1:
+        reason = f"unsqueeze_dim {unsqueeze_dim} (kernel expects [B, H, S, D], unsqueeze_dim=1)"
+    if reason is None:
+        reason = MROPE_ENVELOPE.violation([q, k, cos, sin], sections=sections)
+    bk = None
+    if reason is None:
+        bk, reason = _backend_or_reason(q)
+    if reason is not None:
+        stats.record_fallback("mrope", reason)
+        return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
+    from . import kernels
+
+    b, hq, s, d = q.shape
+    qc, kc = q.contiguous(), k.contiguous()
+    q_out, k_out = torch.empty_like(qc), torch.empty_like(kc)
+    kern = kernels.mrope_kernel(bk, b, hq, k.shape[1], s, d, sections, q.dtype)
+    _run(
+        "mrope",
+        lambda: kern(qc, kc, cos.contiguous(), sin.contiguous(), q_out, k_out),
+        bk.mode == "sim",
+    )
+    return q_out, k_out
+
+
+def _is_silu(mlp_module: torch.nn.Module) -> bool:
+    act = getattr(mlp_module, "act_fn", None)
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
+
+
+def _mlp_reference(mlp_module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # The module's own projections (never mlp_module(x): its forward may be the hook
+    # that called us). Same ops as transformers' Qwen2MLP, so "off" is bit-identical.
+    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+        if not hasattr(mlp_module, name):
+            raise TypeError(f"{type(mlp_module).__name__} is not a gated MLP (no {name})")
+    return mlp_module.down_proj(mlp_module.act_fn(mlp_module.gate_proj(x)) * mlp_module.up_proj(x))
+
+
+def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` for an HF MLP module, fused in one PyPTO kernel."""
+    if not switches.is_on("swiglu_mlp"):
+        stats.record_fallback("swiglu_mlp", "switch USE_PTO_SWIGLU_MLP is off")
+        return _mlp_reference(mlp_module, hidden_states)
+    gate, up, down = (getattr(mlp_module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    reason = None
+    if not all(isinstance(m, torch.nn.Linear) for m in (gate, up, down)):
+        reason = "module has no gate_proj/up_proj/down_proj Linear layers"
+    elif any(m.bias is not None for m in (gate, up, down)):
+        reason = "MLP projections carry a bias"
+    elif not _is_silu(mlp_module):
+        reason = f"activation {type(getattr(mlp_module, 'act_fn', None)).__name__} is not SiLU"
+    h = hidden_states.shape[-1]
+    x2 = hidden_states.reshape(-1, h)
+    if reason is None:
+        w_gate = PACKED.transposed(gate.weight)
+        w_up = PACKED.transposed(up.weight)
+        w_down = PACKED.transposed(down.weight)
+        reason = SWIGLU_ENVELOPE.violation([x2, w_gate, w_up, w_down])
+    bk = None
+    if reason is None:
+        bk, reason = _backend_or_reason(hidden_states)
+    if reason is not None:
+        stats.record_fallback("swiglu_mlp", reason)
+        return _mlp_reference(mlp_module, hidden_states)
+    from . import kernels
+
+    xc = x2.contiguous()
+    out = torch.empty_like(xc)
+    kern = kernels.swiglu_mlp_kernel(
+        bk, h, w_gate.shape[1], xc.dtype, kernels.swiglu_tiles(xc.dtype)
+    )
+    _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out), bk.mode == "sim")
+    return out.reshape(hidden_states.shape)

@@ -1,0 +1,45 @@
+"""The ``pypto.kernels`` plug-in pypto-bench's pypto+graph arm loads (contract C).
+
+The kernel package registers the plug-in itself, and recognises a GutenOCR model
+by a class attribute (``pypto_kernel_family == "gutenocr"``) that the model
+package sets on its classes. That keeps the dependency arrow pointing one way:
+the models package imports this one, never the reverse, and a plain
+Qwen2.5-VL model (which has no injection points) is never claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import stats
+from .switches import OPS, pto_switches
+
+FAMILY = "gutenocr"
+MARKER = "pypto_kernel_family"
+
+
+class GutenOCRKernelPlugin:
+    name = FAMILY
+
+    def __init__(self, ops: tuple[str, ...] = OPS) -> None:
+        self.ops = ops
+
+    def applies_to(self, model: torch.nn.Module) -> bool:
+        return getattr(model, MARKER, None) == FAMILY
+
+    @contextlib.contextmanager
+    def enable(self, model: torch.nn.Module) -> Iterator[None]:
+        if not self.applies_to(model):
+            raise ValueError(f"{type(model).__name__} is not a GutenOCR model with kernel hooks")
+        with pto_switches(dict.fromkeys(self.ops, True)):
+            yield
+
+    def report(self) -> dict[str, Any]:
+        return stats.report()
+
+
+PLUGIN = GutenOCRKernelPlugin()

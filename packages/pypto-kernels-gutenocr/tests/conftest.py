@@ -1,0 +1,47 @@
+"""Keep PyPTO's run files out of the home folder and the working directory.
+
+PyPTO reads these when its libraries load, so they are set before any test can
+import it. The calculator build cache (``PYPTO_GUTENOCR_CACHE``) defaults to the
+user cache so the ~23 s cmake build happens once per (pypto, torch) pair.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+_RUN = tempfile.mkdtemp(prefix="pypto-gutenocr-tests-")
+for var, sub in (
+    ("TILE_FWK_OUTPUT_DIR", "output"),
+    ("ASCEND_PROCESS_LOG_PATH", "log"),
+    ("PYPTO_HOME", "home"),
+):
+    os.environ.setdefault(var, os.path.join(_RUN, sub))
+    os.makedirs(os.environ[var], exist_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Every test starts with switches off, zero counters and an empty pack cache."""
+    from pypto_kernels_gutenocr import PACKED, stats, switches
+
+    before = {op: switches.is_on(op) for op in switches.OPS}
+    for op in switches.OPS:
+        switches.set_switch(op, False)
+    stats.reset()
+    PACKED.clear()
+    yield
+    for op, value in before.items():
+        switches.set_switch(op, value)
+    stats.reset()
+
+
+@pytest.fixture
+def pypto_cpu():
+    """The PyPTO CPU path (SIM + verify shim), or skip when pypto is absent."""
+    pytest.importorskip("pypto")
+    from pypto_kernels_gutenocr import kernels
+
+    return kernels.backend("cpu")

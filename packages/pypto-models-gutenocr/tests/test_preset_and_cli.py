@@ -1,0 +1,210 @@
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+from pypto_models_gutenocr.cli import main
+from pypto_models_gutenocr.preset import PRESET
+
+
+def test_preset_is_registered_and_well_formed():
+    eps = [ep for ep in entry_points(group="pypto.model_families") if ep.name == "gutenocr_3b"]
+    assert len(eps) == 1
+    assert eps[0].load() is PRESET
+    assert PRESET["family"] == "gutenocr_3b"
+    assert set(PRESET["auto_map"]) == {
+        "AutoConfig",
+        "AutoModelForCausalLM",
+        "AutoModelForImageTextToText",
+    }
+    for target in PRESET["auto_map"].values():
+        module = target.split(".")[0] + ".py"
+        assert module in PRESET["files"]
+
+
+def test_placed_files_load_through_auto_classes_with_remote_code(tiny_gutenocr, tmp_path):
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    folder = tmp_path / "patched"
+    shutil.copytree(tiny_gutenocr, folder)
+    for name, text in PRESET["files"].items():
+        (folder / name).write_text(text)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = PRESET["auto_map"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+        model = auto.from_pretrained(str(folder), trust_remote_code=True, local_files_only=True)
+        assert type(model).__name__ == "GutenOCRForConditionalGeneration"
+        assert model.pypto_kernel_family == "gutenocr"
+
+
+def test_ask_text_end_to_end(tiny_gutenocr, tmp_path, capsys):
+    report_file = tmp_path / "r.json"
+    rc = main(
+        [
+            "ask",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--output_length",
+            "4",
+            "--batch",
+            "2",
+            "--report-file",
+            str(report_file),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads(report_file.read_text())
+    assert report["tokens"] == 8
+    assert report["batch"] == 2
+    assert len(report["text"]) == 2
+    assert report["graph"]["graph"] == "eager"
+    assert report["prompt"] == "你好"
+
+
+def test_ask_image_with_pto_and_dynamic_policy(tiny_gutenocr, tiny_image, capsys, monkeypatch):
+    monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
+    rc = main(
+        [
+            "ask",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--output_length",
+            "2",
+            "--image",
+            str(tiny_image),
+            "--use_pto",
+            "--use_dynamic_config",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["image"] == str(tiny_image)
+    assert report["switch_policy"]["switches"] == {
+        "rms_norm": False,
+        "mrope": True,
+        "swiglu_mlp": True,
+    }
+    assert "unmeasured" in report["switch_policy"]["reason"]
+    calls = report["kernels"]["calls"]
+    assert calls["swiglu_mlp"]["reference"] == 4
+    assert calls["rms_norm"]["reference"] == 0
+    assert "PYPTO_GUTENOCR_CPU_SIM=0" in report["kernels"]["fallback_reasons"]["swiglu_mlp"]
+
+
+def test_use_acl_graph_says_which_graph_ran(tiny_gutenocr, capsys):
+    rc = main(
+        [
+            "ask",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--output_length",
+            "2",
+            "--use_acl_graph",
+            "--backend",
+            "eager",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    graph = json.loads(capsys.readouterr().out)["graph"]
+    assert graph["graph"] in ("torchair", "torch.compile")
+    if graph["graph"] == "torch.compile":
+        assert "torchair not installed" in graph["note"]
+
+
+def test_bench_writes_two_reports_and_a_summary(tiny_gutenocr, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
+    out = tmp_path / "bench"
+    rc = main(
+        [
+            "bench",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--runs",
+            "2",
+            "--output_length",
+            "3",
+            "--output-dir",
+            str(out),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert json.loads((out / "summary.json").read_text()) == summary
+    base, pto = (json.loads((out / f).read_text()) for f in ("baseline.json", "pypto.json"))
+    assert not base["use_pto"]
+    assert pto["use_pto"]
+    assert len(pto["generate_s_all"]) == 2
+    m = summary["metrics"]
+    assert set(m) == {"load_s", "generate_s", "tokens", "tok_per_s", "peak_memory_bytes"}
+    assert m["tokens"]["baseline"] == 3
+    assert m["tokens"]["delta_pct"] == 0.0
+    assert summary["pypto_kernels"]["calls"]["rms_norm"]["reference"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "msg"),
+    [
+        (["--model-path", "/nonexistent"], 2, "not a model folder"),
+        (["--image", "/nonexistent.png"], 2, "no such file"),
+        (["--device", "cuda:3"], 3, "no CUDA device"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_code(tiny_gutenocr, capsys, args, code, msg):
+    base = [
+        "ask",
+        "--model-path",
+        str(tiny_gutenocr),
+        "--device",
+        "cpu",
+        "--warmup",
+        "0",
+        "--output_length",
+        "1",
+    ]
+    rc = main(base + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == code
+    assert msg in err[-1]
+    assert err[-1].startswith("pypto-gutenocr:")
+
+
+def test_missing_model_path_names_the_env_var(monkeypatch, capsys):
+    monkeypatch.delenv("GUTENOCR_MODEL_PATH", raising=False)
+    assert main(["ask"]) == 2
+    assert "GUTENOCR_MODEL_PATH" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    out = subprocess.run(
+        [sys.executable, "-m", "pypto_models_gutenocr.cli", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0
+    assert "bench" in out.stdout
