@@ -11,20 +11,26 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-import gen_cli_docs  # noqa: E402
+import gen_docs  # noqa: E402
 
 
-@pytest.mark.parametrize(
-    ("tool", "module"), gen_cli_docs.TOOLS, ids=[t for t, _ in gen_cli_docs.TOOLS]
-)
+@pytest.mark.parametrize(("tool", "module"), gen_docs.TOOLS, ids=[t for t, _ in gen_docs.TOOLS])
 def test_cli_reference_matches_help(tool, module):
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed in this environment")
     page = ROOT / "docs" / "cli" / f"{tool}.md"
-    assert page.exists(), f"missing {page}: run python tools/gen_cli_docs.py"
-    assert page.read_text() == gen_cli_docs.render(tool, module), (
-        f"{page.name} is stale: run python tools/gen_cli_docs.py"
+    assert page.exists(), f"missing {page}: run python tools/gen_docs.py"
+    assert page.read_text() == gen_docs.render(tool, module), (
+        f"{page.name} is stale: run python tools/gen_docs.py"
     )
+
+
+def test_capture_gotchas_page_matches_the_explain_table():
+    pytest.importorskip("pypto_capture")
+    page = ROOT / "docs" / "capture-gotchas.md"
+    assert page.read_text() == gen_docs.render_gotchas(), "run python tools/gen_docs.py"
+    for code in ("107025", "107027", "107030", "507015", "507011", "900", "901"):
+        assert f"| {code} |" in page.read_text()
 
 
 def test_docs_link_to_existing_pages():
