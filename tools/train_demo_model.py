@@ -585,7 +585,9 @@ AdamW (lr {args.lr:g}, betas 0.9/0.95, weight decay {args.weight_decay:g}), {arg
 warm-up steps then cosine decay to 10%, batch {args.batch} x {args.context} tokens,
 {args.steps} steps ({tokens_seen:,} tokens, {tokens_seen / f["corpus_tokens"]:.1f} passes over
 the text). Tokenizer training took {f["tok_s"]:.0f} s and model training {f["train_s"] / 60:.1f} min
-of wall time on 2 shared CPU cores (torch {f["torch"]}). Held-out loss: **{f["val_loss"]:.3f}**.
+of wall time with {args.threads} thread(s) on a 2-core machine shared with other jobs (torch
+{f["torch"]}; with other jobs running, two OpenMP threads measured 5x slower per step than one).
+Held-out loss: **{f["val_loss"]:.3f}**.
 
 | step | mean training loss |
 |---|---|
@@ -595,7 +597,8 @@ of wall time on 2 shared CPU cores (torch {f["torch"]}). Held-out loss: **{f["va
 
 {samples}
 
-Check them again with `python tools/check_demo_model.py`.
+Check them again with `python tools/check_demo_model.py` (loads the folder with
+`AutoModelForCausalLM.from_pretrained(path, local_files_only=True)`, which gives float32).
 
 ## Files
 
