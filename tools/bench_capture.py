@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             DecodeStepRunner,
             PyptoCaptureError,
             device_name,
+            memory_stats,
+            reset_peak_memory,
             resolve_device,
             synchronize,
         )
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         arms = {}
         for arm, backend in (("eager", "eager"), ("graph", "auto")):
             try:
+                reset_peak_memory(device)
                 runner = DecodeStepRunner(
                     model, batch_size=args.batch, max_cache_len=max_len, backend=backend
                 )
@@ -179,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                 "median_s": med,
                 "times_s": times,
                 "setup_s": setup,
+                # includes the weights (already resident); 0 on CPU, where torch keeps no counters
+                "peak_allocated_mb": memory_stats(device).peak_allocated / 2**20,
+                "peak_reserved_mb": memory_stats(device).peak_reserved / 2**20,
             }
         if "eager" in arms and "graph" in arms:
             row["graph_over_eager"] = row["graph"]["tok_s"] / row["eager"]["tok_s"]
@@ -192,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     print(
-        f"{'model':<6} {'params':>8} {'eager tok/s':>12} {'graph tok/s':>12} {'backend':>10} {'ratio':>6} {'same tokens':>11} {'capture s':>9}",
+        f"{'model':<6} {'params':>8} {'eager tok/s':>12} {'graph tok/s':>12} {'backend':>10} {'ratio':>6} {'same tokens':>11} {'capture s':>9} {'peak MiB e/g':>13}",
         file=sys.stderr,
     )
     for r in report["results"]:
@@ -201,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['model']:<6} {r['params_m']:>7}M {e.get('tok_s', float('nan')):>12.1f} "
             f"{g2.get('tok_s', float('nan')):>12.1f} {g2.get('backend', '-'):>10} "
             f"{r.get('graph_over_eager', float('nan')):>6.2f} {r.get('tokens_match', '-')!s:>11} "
-            f"{g2.get('setup_s', float('nan')):>9.1f}",
+            f"{g2.get('setup_s', float('nan')):>9.1f} "
+            f"{e.get('peak_allocated_mb', 0):>6.0f}/{g2.get('peak_allocated_mb', 0):<6.0f}",
             file=sys.stderr,
         )
     if args.json:

@@ -52,3 +52,19 @@ def test_bisect_eager_backend_passes_everything(llama):
     assert result.failed_stage is None
     assert [s["ok"] for s in result.stages] == [True, True, True, None]
     assert torch.is_grad_enabled()
+
+
+def test_bisect_finds_and_runs_the_moe_block():
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(
+        "qwen3_moe", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=259, num_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+        decoder_sparse_step=1, mlp_only_layers=[],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    result = bisect_capture(model, backend="eager", device="cpu")
+    assert [s["ok"] for s in result.stages] == [True, True, True, True]
+    assert result.failed_stage is None
