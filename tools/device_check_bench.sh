@@ -33,7 +33,7 @@ PY
 
 run() {  # name, model, extra args...
   local name="$1" model="$2"; shift 2
-  timeout 240 "$PY" -m pypto_bench run --model-path "$model" --device cuda:0 --dtype bfloat16 \
+  timeout "${RUN_TIMEOUT:-240}" "$PY" -m pypto_bench run --model-path "$model" --device cuda:0 --dtype bfloat16 \
     --regime decode --batch 1 --seq 16 --gen 128 --arms eager,graph --warmup 2 --iters 5 \
     --ignore-eos --no-progress --report-file "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   echo "$name exit $?" | tee -a "$OUT/exit_codes.txt"
