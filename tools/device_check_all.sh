@@ -23,9 +23,10 @@ step() {  # step <name> <max seconds> <command...>
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, transformers, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
   step capture_cuda_tests 150 python3 -m pytest -q -p no:cacheprovider -m cuda -rs packages/pypto-capture/tests
-  step bench_capture_b1 120 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models tiny,0.5b --steps 64 --repeats 5 --batch 1
-  OUT="$OUT/bench" RUN_TIMEOUT=90 step bench_device 200 bash tools/device_check_bench.sh
-  step bench_capture_b8 60 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models 0.5b --steps 64 --repeats 5 --batch 8
+  [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b1 120 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models tiny,0.5b --steps 64 --repeats 5 --batch 1
+  mkdir -p "$OUT/bench"
+  step bench_device 200 env OUT="$OUT/bench" RUN_TIMEOUT=90 bash tools/device_check_bench.sh
+  [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b8 60 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models 0.5b --steps 64 --repeats 5 --batch 8
 } 2>&1 | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
 tar czf "$FINAL/results.tgz" -C "$OUT" .

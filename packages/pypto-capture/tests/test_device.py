@@ -88,3 +88,18 @@ def test_cuda_peak_memory_reset_and_growth():
     torch.cuda.empty_cache()
     reset_peak_memory(dev)
     assert memory_stats(dev).peak_allocated < grown.peak_allocated
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none visible to torch)")
+def test_cuda_memory_calls_work_before_anything_touched_the_device():
+    """A fresh process: resetting peaks is the first CUDA call (what a bench does)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from pypto_capture import resolve_device, reset_peak_memory, memory_stats\n"
+        "d = resolve_device('cuda:0'); reset_peak_memory(d); print(memory_stats(d).peak_allocated)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -202,6 +202,25 @@ class MemoryStats:
         return asdict(self)
 
 
+_INITIALISED: set[torch.device] = set()
+
+
+def _index(device: torch.device, acc: Any) -> int:
+    """An explicit device index, with the device's allocator initialised first.
+
+    The caching allocators answer "Invalid device argument" to a stats call made before
+    anything touched the device (seen on CUDA with torch 2.11 when a bench resets peaks
+    right after resolving the device); a zero-size allocation initialises it lazily.
+    """
+    if device not in _INITIALISED:
+        torch.empty(0, device=device)
+        _INITIALISED.add(device)
+    if device.index is not None:
+        return device.index
+    current = getattr(acc, "current_device_index", None) or getattr(acc, "current_device", None)
+    return int(current()) if current is not None else 0
+
+
 def reset_peak_memory(device: torch.device | str) -> None:
     """Reset peak counters so a measurement excludes e.g. model load (no-op on CPU)."""
     device = torch.device(device)
@@ -209,7 +228,7 @@ def reset_peak_memory(device: torch.device | str) -> None:
         return
     acc = _use_accelerator(device, "reset_peak_memory_stats")
     if acc is not None:
-        acc.reset_peak_memory_stats(device)
+        acc.reset_peak_memory_stats(_index(device, acc))
         return
     mod = _module(device)
     if mod is not None:
@@ -225,11 +244,12 @@ def memory_stats(device: torch.device | str) -> MemoryStats:
     src = acc if acc is not None else _module(device)
     if src is None:
         return MemoryStats()
+    idx = _index(device, src)
     return MemoryStats(
-        peak_allocated=int(src.max_memory_allocated(device)),
-        peak_reserved=int(src.max_memory_reserved(device)),
-        reserved=int(src.memory_reserved(device)),
-        allocated=int(src.memory_allocated(device)),
+        peak_allocated=int(src.max_memory_allocated(idx)),
+        peak_reserved=int(src.max_memory_reserved(idx)),
+        reserved=int(src.memory_reserved(idx)),
+        allocated=int(src.memory_allocated(idx)),
     )
 
 
