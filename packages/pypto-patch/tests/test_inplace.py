@@ -187,7 +187,7 @@ def _bad(tmp_path: Path, make_folder, case: str):
         (folder / "config.json").write_text('{"auto_map": "x"}')
         return folder, kwargs, ConfigError, "auto_map"
     if case == "unknown family":
-        return folder, {"family": "gemma9"}, UnknownFamilyError, "known: tinytest"
+        return folder, {"family": "gemma9"}, UnknownFamilyError, "tinytest, tinytest_alt"
     if case == "mixed flags":
         return (
             folder,
