@@ -78,6 +78,10 @@ class BenchConfig:
     iters: int = 3
     dtype: str = "auto"
     graph_backend: str = "auto"
+    # torch.compile mode of the compile backend (CPU): None is inductor's default;
+    # "max-autotune-no-cudagraphs" benchmarks GEMM kernels per shape at capture (minutes
+    # for a 0.5B model) and reaches the bandwidth ceiling on CPU decode.
+    compile_mode: str | None = None
     seed: int = 0
     attn_implementation: str | None = None
     trust_remote_code: bool = False
@@ -145,6 +149,7 @@ class BenchConfig:
             "iters": self.iters,
             "dtype": self.dtype,
             "graph_backend": self.graph_backend,
+            "compile_mode": self.compile_mode,
             "seed": self.seed,
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
@@ -322,6 +327,7 @@ def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
         backend=cfg.graph_backend,
         device=ctx.device,
         dtype=dtype,
+        compile_mode=cfg.compile_mode,
     )
     arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
 

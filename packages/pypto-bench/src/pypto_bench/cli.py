@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--graph-backend", default="auto", help="auto | compile | cudagraph | npugraph | eager"
     )
+    run.add_argument(
+        "--compile-mode",
+        default=None,
+        help="torch.compile mode for the compile backend (CPU), e.g. max-autotune-no-cudagraphs",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument(
         "--ignore-eos",
@@ -206,6 +211,7 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
         iters=args.iters,
         dtype=args.dtype,
         graph_backend=args.graph_backend,
+        compile_mode=args.compile_mode,
         seed=args.seed,
         attn_implementation=args.attn_implementation,
         trust_remote_code=args.trust_remote_code,

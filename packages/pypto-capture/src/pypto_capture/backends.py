@@ -194,18 +194,28 @@ class CompileBackend(GraphBackend):
 
     name = "compile"
 
-    def __init__(self, device: torch.device, mode: str | None = None):
+    def __init__(self, device: torch.device, mode: str | None = None, freezing: bool | None = None):
         super().__init__(device)
         self.mode = mode if mode is not None else "default"
+        # Inductor "freezing" folds the weights into the graph as constants and pre-packs
+        # them for the CPU GEMM library: a batch-1 decode step is a chain of GEMVs that
+        # read every weight once, and packed weights read measurably faster (0.5B fp32
+        # decode on 2 cores: 59% -> 67% of the bandwidth ceiling). It only applies when
+        # grads are off (inference), and weights must not change after capture, which a
+        # captured step assumes anyway. Default: on for CPU, off elsewhere.
+        self.freezing = (device.type == "cpu") if freezing is None else freezing
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        import torch._inductor.config as inductor_config
+
         try:
             compiled = torch.compile(
                 _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
             )
             out = None
-            for _ in range(max(1, warmup)):  # the first call traces and compiles
-                out = compiled()
+            with inductor_config.patch(freezing=self.freezing):
+                for _ in range(max(1, warmup)):  # the first call traces and compiles
+                    out = compiled()
             synchronize(self.device)
         except Exception as err:  # dynamo Unsupported, inductor errors, capture errors
             raise self._fail(err) from err
@@ -234,7 +244,9 @@ def make_backend(
     dev = resolve_device(device)
     name = resolve_backend_name(backend, dev)
     if name == "compile":
-        return CompileBackend(dev, mode=options.get("compile_mode"))
+        return CompileBackend(
+            dev, mode=options.get("compile_mode"), freezing=options.get("freezing")
+        )
     if name == "eager":
         return EagerBackend(dev)
     return DeviceGraphBackend(dev, name)
