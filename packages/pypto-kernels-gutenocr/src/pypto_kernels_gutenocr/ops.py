@@ -184,8 +184,7 @@ PACKED = PackCache()
 # --------------------------------------------------------------------------- wrappers
 
 
-def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim through PyPTO when on and inside the envelope."""
+def _rms_norm_eager(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if not switches.is_on("rms_norm"):
         stats.record_fallback("rms_norm", "switch USE_PTO_RMS_NORM is off")
         return reference.rms_norm_reference(hidden_states, weight, eps)
@@ -206,7 +205,7 @@ def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: flo
     return out.reshape(hidden_states.shape)
 
 
-def mrope_pto_correct(
+def _mrope_eager(
     q: torch.Tensor,
     k: torch.Tensor,
     cos: torch.Tensor,
@@ -214,7 +213,6 @@ def mrope_pto_correct(
     mrope_section: Sequence[int],
     unsqueeze_dim: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multimodal RoPE on q/k with 3-axis cos/sin [3, B, S, D], split by ``mrope_section``."""
     sections = tuple(int(s) for s in mrope_section)
     if len(sections) != 3 or 2 * sum(sections) != q.shape[-1]:
         # Neither the kernel nor the reference can compute this: a caller bug.
@@ -261,32 +259,38 @@ def _mlp_reference(mlp_module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor
     return mlp_module.down_proj(mlp_module.act_fn(mlp_module.gate_proj(x)) * mlp_module.up_proj(x))
 
 
-def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """``down(silu(gate(x)) * up(x))`` for an HF MLP module, fused in one PyPTO kernel."""
-    if not switches.is_on("swiglu_mlp"):
-        stats.record_fallback("swiglu_mlp", "switch USE_PTO_SWIGLU_MLP is off")
-        return _mlp_reference(mlp_module, hidden_states)
+def _structural_reason(mlp_module: torch.nn.Module) -> str | None:
+    """Why this module cannot be one fused SwiGLU kernel (pure attribute checks)."""
     gate, up, down = (getattr(mlp_module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
-    reason = None
     if not all(isinstance(m, torch.nn.Linear) for m in (gate, up, down)):
-        reason = "module has no gate_proj/up_proj/down_proj Linear layers"
-    elif any(m.bias is not None for m in (gate, up, down)):
-        reason = "MLP projections carry a bias"
-    elif not _is_silu(mlp_module):
-        reason = f"activation {type(getattr(mlp_module, 'act_fn', None)).__name__} is not SiLU"
+        return "module has no gate_proj/up_proj/down_proj Linear layers"
+    if any(m.bias is not None for m in (gate, up, down)):
+        return "MLP projections carry a bias"
+    if not _is_silu(mlp_module):
+        return f"activation {type(getattr(mlp_module, 'act_fn', None)).__name__} is not SiLU"
+    return None
+
+
+def _swiglu_eager(
+    hidden_states: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor
+) -> torch.Tensor:
+    """The fused kernel for a structurally fitting MLP, or its reference (same ops as
+    nn.Linear/SiLU without bias, so "off" stays bit-identical)."""
     h = hidden_states.shape[-1]
     x2 = hidden_states.reshape(-1, h)
-    if reason is None:
-        w_gate = PACKED.transposed(gate.weight)
-        w_up = PACKED.transposed(up.weight)
-        w_down = PACKED.transposed(down.weight)
-        reason = SWIGLU_ENVELOPE.violation([x2, w_gate, w_up, w_down])
+    w_gate = PACKED.transposed(gate_w)
+    w_up = PACKED.transposed(up_w)
+    w_down = PACKED.transposed(down_w)
+    reason = SWIGLU_ENVELOPE.violation([x2, w_gate, w_up, w_down])
     bk = None
     if reason is None:
         bk, reason = _backend_or_reason(hidden_states)
     if reason is not None:
         stats.record_fallback("swiglu_mlp", reason)
-        return _mlp_reference(mlp_module, hidden_states)
+        f = torch.nn.functional
+        return f.linear(
+            f.silu(f.linear(hidden_states, gate_w)) * f.linear(hidden_states, up_w), down_w
+        )
     from . import kernels
 
     xc = x2.contiguous()
@@ -296,3 +300,103 @@ def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor)
     )
     _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out), bk.mode == "sim")
     return out.reshape(hidden_states.shape)
+
+
+# --------------------------------------------------------------------------- capture
+# The dispatch above does host work (envelope checks, backend choice, PyPTO's own launch
+# and counting) that torch.compile cannot trace: a graph break, i.e. a failed capture.
+# Under compile every switched-ON op is therefore one opaque custom op whose body is that
+# dispatch, so a captured step runs the kernel, and counts it, on every replay. A
+# switched-OFF op traces as the plain reference, so the graph arm stays one pure graph.
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
+@torch.library.custom_op("pypto_gutenocr::rms_norm", mutates_args=())
+def _rms_norm_op(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm_eager(hidden_states, weight, eps)
+
+
+@_rms_norm_op.register_fake
+def _(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(hidden_states)
+
+
+@torch.library.custom_op("pypto_gutenocr::mrope", mutates_args=())
+def _mrope_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: list[int],
+    unsqueeze_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _mrope_eager(q, k, cos, sin, mrope_section, unsqueeze_dim)
+
+
+@_mrope_op.register_fake
+def _(q, k, cos, sin, mrope_section, unsqueeze_dim):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("pypto_gutenocr::swiglu_mlp", mutates_args=())
+def _swiglu_op(
+    hidden_states: torch.Tensor, gate_w: torch.Tensor, up_w: torch.Tensor, down_w: torch.Tensor
+) -> torch.Tensor:
+    return _swiglu_eager(hidden_states, gate_w, up_w, down_w)
+
+
+@_swiglu_op.register_fake
+def _(hidden_states, gate_w, up_w, down_w):
+    return torch.empty_like(hidden_states)
+
+
+# --------------------------------------------------------------------------- public
+
+
+def rms_norm_wrapper(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim through PyPTO when on and inside the envelope."""
+    if _compiling():
+        if not switches.is_on("rms_norm"):
+            return reference.rms_norm_reference(hidden_states, weight, eps)
+        return _rms_norm_op(hidden_states, weight, float(eps))
+    return _rms_norm_eager(hidden_states, weight, eps)
+
+
+def mrope_pto_correct(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mrope_section: Sequence[int],
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multimodal RoPE on q/k with 3-axis cos/sin [3, B, S, D], split by ``mrope_section``."""
+    if _compiling():
+        sections = [int(s) for s in mrope_section]
+        if len(sections) != 3 or 2 * sum(sections) != q.shape[-1]:
+            raise ValueError(f"mrope_section {sections} does not cover head_dim {q.shape[-1]}")
+        if not switches.is_on("mrope"):
+            return reference.mrope_reference(q, k, cos, sin, tuple(sections), unsqueeze_dim)
+        return _mrope_op(q, k, cos, sin, sections, int(unsqueeze_dim))
+    return _mrope_eager(q, k, cos, sin, mrope_section, unsqueeze_dim)
+
+
+def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` for an HF MLP module, fused in one PyPTO kernel."""
+    if not switches.is_on("swiglu_mlp"):
+        if not _compiling():
+            stats.record_fallback("swiglu_mlp", "switch USE_PTO_SWIGLU_MLP is off")
+        return _mlp_reference(mlp_module, hidden_states)
+    reason = _structural_reason(mlp_module)
+    if reason is not None:
+        if not _compiling():
+            stats.record_fallback("swiglu_mlp", reason)
+        return _mlp_reference(mlp_module, hidden_states)
+    weights = (mlp_module.gate_proj.weight, mlp_module.up_proj.weight, mlp_module.down_proj.weight)
+    if _compiling():
+        return _swiglu_op(hidden_states, *weights)
+    return _swiglu_eager(hidden_states, *weights)

@@ -1,0 +1,56 @@
+"""The fused-kernel arm across packages: pypto-patch pins a tiny GutenOCR folder with the
+gutenocr_3b preset (pypto-models-gutenocr), and pypto-bench's pypto+graph arm finds the
+kernel plug-in (pypto-kernels-gutenocr) by entry point, switches the kernels on and
+captures the decode step with them inside (custom ops, so the capture has no graph break).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("pypto_models_gutenocr")
+
+
+@pytest.fixture(scope="module")
+def pinned_gutenocr(tmp_path_factory):
+    from pypto_models_gutenocr.testing import make_tiny_gutenocr
+    from pypto_patch import apply
+
+    folder = make_tiny_gutenocr(tmp_path_factory.mktemp("gutenocr") / "model")
+    apply(folder, family="gutenocr_3b")
+    return folder
+
+
+def test_pypto_graph_arm_runs_the_kernels_inside_the_captured_step(pinned_gutenocr, tmp_path):
+    from pypto_bench import BenchConfig, run_bench
+
+    os.environ.setdefault("TILE_FWK_OUTPUT_DIR", str(tmp_path / "pypto-output"))
+    report = run_bench(
+        BenchConfig(
+            model_path=str(pinned_gutenocr),
+            device="cpu",
+            regime="decode",
+            seq=4,
+            gen=2,
+            warmup=0,
+            iters=1,
+            dtype="float32",
+            arms=("graph", "pypto+graph"),
+            trust_remote_code=True,
+            measure_bandwidth=False,
+        )
+    )
+    data = report.to_dict()
+    arms = {a["name"]: a for a in data["arms"]}
+    assert data["model"]["class"] == "GutenOCRForConditionalGeneration"
+    assert arms["graph"]["ok"], arms["graph"].get("error")
+    fused = arms["pypto+graph"]
+    assert fused["ok"], fused.get("error")
+    plugin = fused["details"]["plugin_reports"]["gutenocr"]
+    # every op really went through a kernel backend, none fell back to the reference
+    for op in ("rms_norm", "mrope", "swiglu_mlp"):
+        assert plugin["calls"][op]["pypto"] > 0, plugin
+        assert plugin["calls"][op]["reference"] == 0, plugin
+    assert fused["token_match"]["rate"] == 1.0
