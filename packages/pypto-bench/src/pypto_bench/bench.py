@@ -528,20 +528,28 @@ def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
 # --- arms -----------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _kernels_for(ctx: _Ctx, arm_name: str) -> Any:
+    """The arm's kernel plug-ins switched on (none but for pypto+graph), as a list."""
+    if arm_name != "pypto+graph":
+        yield []
+        return
+    from .plugins import applicable_plugins
+
+    plugins = applicable_plugins(ctx.model)
+    with contextlib.ExitStack() as stack:
+        for plugin in plugins:
+            stack.enter_context(plugin.enable(ctx.model))
+        yield plugins
+
+
 def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
     regime = ctx.config.regime
     mem = _Memory(ctx.device)
     try:
-        with contextlib.ExitStack() as stack:
-            if arm.name == "pypto+graph":
-                from .plugins import applicable_plugins
-
-                plugins = applicable_plugins(ctx.model)
-                for plugin in plugins:
-                    stack.enter_context(plugin.enable(ctx.model))
+        with _kernels_for(ctx, arm.name) as plugins:
+            if plugins:
                 arm.details["plugins"] = [p.name for p in plugins]
-            else:
-                plugins = []
             if regime == "decode":
                 runner = _run_eager_decode if arm.name == "eager" else _run_graph_decode
                 tokens = runner(ctx, arm, mem)
@@ -585,9 +593,11 @@ def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
             }
             return
         try:
-            arm.bisect = bisect_capture(
-                ctx.model, backend=ctx.config.graph_backend, device=ctx.device
-            ).to_dict()
+            # Bisect what failed: the fused arm's kernels stay switched on for it.
+            with _kernels_for(ctx, arm.name):
+                arm.bisect = bisect_capture(
+                    ctx.model, backend=ctx.config.graph_backend, device=ctx.device
+                ).to_dict()
         except Exception as inner:
             arm.bisect = {
                 "failed_stage": None,
