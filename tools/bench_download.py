@@ -100,6 +100,7 @@ def main() -> int:
                 time.sleep(0.005)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+            hub.wait_idle()  # count only what the server finished writing
             first = hub.bytes_sent(method="GET")
             done_files = {r.file_path for r in hub.requests if r.method == "GET" and r.finished and r.status == 200
                           and r.bytes_sent == (work / "src" / (r.file_path or "")).stat().st_size}  # fmt: skip
@@ -110,6 +111,7 @@ def main() -> int:
                 "bench/model", dest, endpoint=hub.endpoint, max_workers=args.workers, progress=False
             )
             resume_s = time.perf_counter() - t0
+            hub.wait_idle()
             second = hub.bytes_sent(method="GET")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -378,6 +378,7 @@ def test_dropped_connection_mid_file_is_resumed(hub, tmp_path):
         chunk_size=16 * 1024,
     )
     assert tree(path) == FILES
+    assert hub.wait_idle()
     sent = hub.bytes_sent(file_path="model.safetensors", method="GET")
     # what was received before the cut is not sent again (16 KiB chunk granularity)
     assert len(WEIGHTS) <= sent <= len(WEIGHTS) + 16 * 1024, sent
@@ -425,6 +426,7 @@ def test_killed_run_resumes_where_it_stopped(hub, tmp_path):
     assert tree(path) == FILES
     again = gets(hub)
     assert not set(again) & first_run, "files completed before the kill were fetched again"
+    assert hub.wait_idle()
     weights = [r for r in hub.requests if r.method == "GET" and r.file_path == "model.safetensors"]
     # huggingface_hub 0.x resumes its partial file itself; with 1.x/2.x (a per-process temp
     # file) pypto-download continues the killed run's partial with a Range request.

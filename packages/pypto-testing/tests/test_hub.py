@@ -49,6 +49,7 @@ def test_snapshot_download_real_client(hub, tmp_path):
     tree_calls = [r for r in hub.requests if "/tree/" in r.path]
     assert len(tree_calls) in (0, 4)  # 0.x lists siblings from the info call instead
     assert all(sha in r.path for r in tree_calls)
+    assert hub.wait_idle()
     assert hub.bytes_sent(method="GET", file_path="model.safetensors") == len(WEIGHTS)
 
 
@@ -195,6 +196,7 @@ def test_drop_after_then_resume_sends_the_rest_only(hub, tmp_path):
         hub, "GET", "/org/tiny/resolve/main/model.safetensors", {"Range": f"bytes={len(got)}-"}
     )
     assert got + rest == WEIGHTS
+    assert hub.wait_idle()
     assert hub.bytes_sent(file_path="model.safetensors") == len(WEIGHTS)  # nothing sent twice
 
 
@@ -207,6 +209,7 @@ def test_drop_after_with_real_client_bounded_bytes(hub, tmp_path):
     except Exception:
         hf_hub_download("org/tiny", "model.safetensors", endpoint=hub.endpoint, local_dir=out)
     assert (out / "model.safetensors").read_bytes() == WEIGHTS
+    assert hub.wait_idle()
     assert (
         len(WEIGHTS)
         <= hub.bytes_sent(file_path="model.safetensors", method="GET")

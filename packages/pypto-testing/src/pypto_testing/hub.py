@@ -406,6 +406,19 @@ class LocalHub:
         with self._lock:
             self._log.clear()
 
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every logged request has finished on the server side.
+
+        A client can hold the last byte before the handler thread has counted it, so a
+        test that reads ``bytes_sent`` right after a response waits here first.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(r.finished for r in self.requests):
+                return True
+            time.sleep(0.01)
+        return False
+
     def bytes_sent(self, *, file_path: str | None = None, method: str | None = None) -> int:
         """Body bytes sent so far (optionally only for one repo file / one method)."""
         total = 0
