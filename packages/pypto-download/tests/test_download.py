@@ -62,6 +62,11 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def base_args(model_id: str, output_dir: object, endpoint: str) -> list[str]:
+    """The three flags nearly every CLI test passes."""
+    return ["--model-id", model_id, "--output-dir", str(output_dir), "--endpoint", endpoint]
+
+
 def error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("pypto-download: error:")]
 
@@ -116,12 +121,7 @@ def test_json_output_is_one_object(hub, tmp_path, capsys):
     out = tmp_path / "o"
     code, stdout, _ = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(out), hub.endpoint),
         "--json",
     )
     assert code == 0
@@ -138,12 +138,7 @@ def test_dry_run_lists_sizes_and_changes_nothing(hub, tmp_path, capsys):
     out = tmp_path / "o"
     code, stdout, stderr = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(out), hub.endpoint),
         "--dry-run",
     )
     assert code == 0
@@ -154,12 +149,7 @@ def test_dry_run_lists_sizes_and_changes_nothing(hub, tmp_path, capsys):
     assert gets(hub) == []
     code, stdout, _ = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(out), hub.endpoint),
         "--dry-run",
         "--json",
     )
@@ -192,12 +182,7 @@ def test_revision_branch_tag_and_commit(hub, tmp_path, capsys):
         out = tmp_path / rev
         code, _, _ = cli(
             capsys,
-            "--model-id",
-            "org/tiny",
-            "--output-dir",
-            str(out),
-            "--endpoint",
-            hub.endpoint,
+            *base_args("org/tiny", str(out), hub.endpoint),
             "--revision",
             rev,
         )
@@ -218,12 +203,7 @@ def test_hf_endpoint_set_after_import_is_honoured(hub, tmp_path, capsys, monkeyp
 def test_max_workers_and_bad_values(hub, tmp_path, capsys):
     code, _, _ = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(tmp_path / "o"),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(tmp_path / "o"), hub.endpoint),
         "--max-workers",
         "1",
     )
@@ -237,12 +217,7 @@ def test_max_workers_and_bad_values(hub, tmp_path, capsys):
     assert not (tmp_path / "p").exists()
     code, _, err = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(tmp_path / "p"),
-        "--endpoint",
-        "ftp://x",
+        *base_args("org/tiny", str(tmp_path / "p"), "ftp://x"),
     )
     assert code == 2
     assert "http" in err
@@ -251,12 +226,7 @@ def test_max_workers_and_bad_values(hub, tmp_path, capsys):
 def test_quiet_prints_no_progress(hub, tmp_path, capfd):
     code = main(
         [
-            "--model-id",
-            "org/tiny",
-            "--output-dir",
-            str(tmp_path / "o"),
-            "--endpoint",
-            hub.endpoint,
+            *base_args("org/tiny", str(tmp_path / "o"), hub.endpoint),
             "--quiet",
         ]
     )
@@ -281,12 +251,7 @@ def test_gated_repo_token_from_flag_and_env(hub, tmp_path, capsys, monkeypatch):
     hub.add_repo("org/gated", FILES, gated=True, token=SECRET)
     code, _, err = cli(
         capsys,
-        "--model-id",
-        "org/gated",
-        "--output-dir",
-        str(tmp_path / "a"),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/gated", str(tmp_path / "a"), hub.endpoint),
     )
     assert code == AuthError.exit_code
     assert "--token" in err
@@ -294,12 +259,7 @@ def test_gated_repo_token_from_flag_and_env(hub, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "a").exists()
     code, _, err = cli(
         capsys,
-        "--model-id",
-        "org/gated",
-        "--output-dir",
-        str(tmp_path / "b"),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/gated", str(tmp_path / "b"), hub.endpoint),
         "--token",
         "hf_wrong",
     )
@@ -308,12 +268,7 @@ def test_gated_repo_token_from_flag_and_env(hub, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "b").exists()
     code, _, _ = cli(
         capsys,
-        "--model-id",
-        "org/gated",
-        "--output-dir",
-        str(tmp_path / "c"),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/gated", str(tmp_path / "c"), hub.endpoint),
         "--token",
         SECRET,
     )
@@ -322,12 +277,7 @@ def test_gated_repo_token_from_flag_and_env(hub, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     code, _, _ = cli(
         capsys,
-        "--model-id",
-        "org/gated",
-        "--output-dir",
-        str(tmp_path / "d"),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/gated", str(tmp_path / "d"), hub.endpoint),
     )
     assert code == 0
     assert tree(tmp_path / "d") == FILES
@@ -454,12 +404,7 @@ def test_corruption_that_persists_is_reported(hub, tmp_path, capsys):
     out = tmp_path / "o"
     code, stdout, err = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(out), hub.endpoint),
         "--json",
     )
     assert code == IntegrityError.exit_code == 17
@@ -506,12 +451,7 @@ def test_retries_are_bounded(hub, tmp_path, capsys):
     t0 = time.monotonic()
     code, _, err = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        hub.endpoint,
+        *base_args("org/tiny", str(out), hub.endpoint),
         "--retries",
         "2",
         "--backoff",
@@ -555,12 +495,7 @@ def test_unreachable_server_names_endpoint(tmp_path, capsys):
     out = tmp_path / "o"
     code, _, err = cli(
         capsys,
-        "--model-id",
-        "org/tiny",
-        "--output-dir",
-        str(out),
-        "--endpoint",
-        endpoint,
+        *base_args("org/tiny", str(out), endpoint),
         "--retries",
         "1",
         "--backoff",
@@ -641,12 +576,7 @@ def test_output_not_writable(hub, tmp_path, capsys):
         target = ro / "o"
         code, _, err = cli(
             capsys,
-            "--model-id",
-            "org/tiny",
-            "--output-dir",
-            str(target),
-            "--endpoint",
-            hub.endpoint,
+            *base_args("org/tiny", str(target), hub.endpoint),
         )
         ro.chmod(0o700)
     else:  # root ignores permissions: a read-only mount is the honest test
@@ -654,12 +584,7 @@ def test_output_not_writable(hub, tmp_path, capsys):
             target = ro / "o"
             code, _, err = cli(
                 capsys,
-                "--model-id",
-                "org/tiny",
-                "--output-dir",
-                str(target),
-                "--endpoint",
-                hub.endpoint,
+                *base_args("org/tiny", str(target), hub.endpoint),
             )
     assert code == 15
     assert "not writable" in err
@@ -671,12 +596,7 @@ def test_disk_full_on_a_tiny_tmpfs(hub, tmp_path, capsys):
         out = small / "o"
         code, _, err = cli(
             capsys,
-            "--model-id",
-            "org/tiny",
-            "--output-dir",
-            str(out),
-            "--endpoint",
-            hub.endpoint,
+            *base_args("org/tiny", str(out), hub.endpoint),
             "--backoff",
             "0",
         )
