@@ -1,0 +1,58 @@
+"""What every pypto tool does the same way at its edge, in one place.
+
+Secrets are redacted by one helper (so a fix reaches every tool at once), exit codes
+come from one project-wide table of ranges (so e2e can pass a step's failure on without
+two tools meaning different things by 12), shell lines are quoted one way, and CLI
+logging keeps third-party chatter at WARNING. Standard library only.
+"""
+
+from .exitcodes import (
+    COMMON_CODES,
+    ENVIRONMENT,
+    EXIT_RANGES,
+    FAILED,
+    OK,
+    USAGE,
+    ExitCode,
+    ExitCodeTable,
+)
+from .files import atomic_write_text
+from .logs import configure_cli_logging
+from .redact import (
+    MASK,
+    SECRET_ENV_VARS,
+    SECRET_FLAGS,
+    RedactingFilter,
+    known_secrets,
+    redact,
+    redact_argv,
+    redact_obj,
+    redact_url,
+)
+from .shell import export_line
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "COMMON_CODES",
+    "ENVIRONMENT",
+    "EXIT_RANGES",
+    "FAILED",
+    "MASK",
+    "OK",
+    "SECRET_ENV_VARS",
+    "SECRET_FLAGS",
+    "USAGE",
+    "ExitCode",
+    "ExitCodeTable",
+    "RedactingFilter",
+    "__version__",
+    "atomic_write_text",
+    "configure_cli_logging",
+    "export_line",
+    "known_secrets",
+    "redact",
+    "redact_argv",
+    "redact_obj",
+    "redact_url",
+]

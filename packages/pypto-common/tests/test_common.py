@@ -1,0 +1,138 @@
+"""pypto-common: redaction, exit-code tables, export lines, CLI logging, atomic writes."""
+
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+import subprocess
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import pypto_common as pc
+
+TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUv"
+
+
+def test_redact_masks_tokens_urls_headers_and_env(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "s3cr3t-from-env")
+    text = (
+        f"token {TOKEN} at https://alice:pw0rd@hub.example/x?token=abc&rev=main "
+        "Authorization: Bearer zzz999 and s3cr3t-from-env"
+    )
+    out = pc.redact(text)
+    for secret in (TOKEN, "alice", "pw0rd", "abc", "zzz999", "s3cr3t-from-env"):
+        assert secret not in out
+    assert "hub.example/x" in out and "rev=main" in out
+
+
+def test_redact_explicit_secret_that_matches_no_pattern():
+    assert "plainsecret" not in pc.redact("echo: plainsecret!", ["plainsecret"])
+
+
+def test_redact_url_keeps_host_and_path():
+    out = pc.redact_url("https://u:p@mirror.example:8443/api?sig=XYZ&a=1")
+    assert out == "https://***@mirror.example:8443/api?sig=***&a=1"
+
+
+def test_redact_argv_masks_flag_values_in_both_forms():
+    argv = ["run", "--token", "abcd1234", f"--token={TOKEN}", "--endpoint", "http://u:p@h/"]
+    out = pc.redact_argv(argv)
+    assert out == ["run", "--token", "***", "--token=***", "--endpoint", "http://***@h/"]
+
+
+def test_redact_obj_walks_nested_values():
+    obj = {"token": "x1234", "cmd": ["--token", TOKEN], "n": 3, "url": "http://a:b@h"}
+    out = pc.redact_obj(obj)
+    assert out["token"] == "***" and TOKEN not in str(out) and "a:b" not in str(out)
+    assert out["n"] == 3
+
+
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-.", min_size=8, max_size=40))
+def test_any_explicit_secret_never_survives(secret):
+    text = f"pre {secret} mid {secret}post"
+    assert secret not in pc.redact(text, [secret])
+
+
+def test_filter_redacts_records_with_args():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(pc.RedactingFilter(["topsecret"]))
+    log = logging.getLogger("pypto_common_test_filter")
+    log.addHandler(handler)
+    log.propagate = False
+    log.warning("got %s from %s", "topsecret", "https://u:p@h/")
+    assert "topsecret" not in stream.getvalue() and "u:p" not in stream.getvalue()
+
+
+def test_exit_table_by_name_and_range_checks():
+    table = pc.ExitCodeTable("pypto-bench", [(40, "LOAD_FAILED", "model did not load")])
+    assert table.LOAD_FAILED == 40 and table.OK == 0 and table.USAGE == 2
+    assert table.name_of(40) == "LOAD_FAILED" and 40 in table
+    with pytest.raises(AttributeError):
+        _ = table.NOPE
+    with pytest.raises(ValueError, match="outside its range"):
+        pc.ExitCodeTable("pypto-bench", [(12, "X", "wrong range")])
+    with pytest.raises(ValueError, match="twice"):
+        pc.ExitCodeTable("pypto-bench", [(40, "A", ""), (41, "A", "")])
+    with pytest.raises(ValueError, match="shared"):
+        pc.ExitCodeTable("pypto-bench", [(1, "OOPS", "")])
+
+
+def test_ranges_do_not_overlap():
+    seen: set[int] = set()
+    for r in pc.EXIT_RANGES.values():
+        assert not seen & set(r) and r.start >= 10
+        seen |= set(r)
+
+
+@pytest.mark.parametrize("value", ["/a b/c", "/x/$(touch pwned)", "/q'uote", "/semi;colon"])
+def test_export_line_round_trips_through_sh(tmp_path, value):
+    line = pc.export_line("MODEL_PATH", value)
+    out = subprocess.run(
+        ["sh", "-c", f'{line}; printf %s "$MODEL_PATH"'],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.stdout == value and not list(tmp_path.iterdir())
+    assert shlex.split(line)[1] == f"MODEL_PATH={value}"
+
+
+def test_export_line_refuses_newlines_and_bad_names():
+    with pytest.raises(ValueError):
+        pc.export_line("MODEL_PATH", "a\nb")
+    with pytest.raises(ValueError):
+        pc.export_line("1BAD", "x")
+
+
+def test_cli_logging_levels_and_one_line():
+    stream = io.StringIO()
+    pc.configure_cli_logging(["pypto_common_own"], 0, stream=stream, secrets=["pw123456"])
+    logging.getLogger("pypto_common_own").info("step one pw123456")
+    logging.getLogger("httpx").info("HTTP Request: GET http://x")
+    logging.getLogger("pypto_common_own").warning("line1\nline2")
+    text = stream.getvalue()
+    assert "step one ***" in text and "HTTP Request" not in text
+    assert "line2" not in text
+    stream2 = io.StringIO()
+    pc.configure_cli_logging(["pypto_common_own"], -1, stream=stream2)
+    logging.getLogger("pypto_common_own").warning("quiet please")
+    assert stream2.getvalue() == ""
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    pc.atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.replace", boom)
+    with pytest.raises(OSError):
+        pc.atomic_write_text(target, "newer")
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
