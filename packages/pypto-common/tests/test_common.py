@@ -25,7 +25,8 @@ def test_redact_masks_tokens_urls_headers_and_env(monkeypatch):
     out = pc.redact(text)
     for secret in (TOKEN, "alice", "pw0rd", "abc", "zzz999", "s3cr3t-from-env"):
         assert secret not in out
-    assert "hub.example/x" in out and "rev=main" in out
+    assert "hub.example/x" in out
+    assert "rev=main" in out
 
 
 def test_redact_explicit_secret_that_matches_no_pattern():
@@ -46,7 +47,9 @@ def test_redact_argv_masks_flag_values_in_both_forms():
 def test_redact_obj_walks_nested_values():
     obj = {"token": "x1234", "cmd": ["--token", TOKEN], "n": 3, "url": "http://a:b@h"}
     out = pc.redact_obj(obj)
-    assert out["token"] == "***" and TOKEN not in str(out) and "a:b" not in str(out)
+    assert out["token"] == "***"
+    assert TOKEN not in str(out)
+    assert "a:b" not in str(out)
     assert out["n"] == 3
 
 
@@ -64,13 +67,17 @@ def test_filter_redacts_records_with_args():
     log.addHandler(handler)
     log.propagate = False
     log.warning("got %s from %s", "topsecret", "https://u:p@h/")
-    assert "topsecret" not in stream.getvalue() and "u:p" not in stream.getvalue()
+    assert "topsecret" not in stream.getvalue()
+    assert "u:p" not in stream.getvalue()
 
 
 def test_exit_table_by_name_and_range_checks():
     table = pc.ExitCodeTable("pypto-bench", [(40, "LOAD_FAILED", "model did not load")])
-    assert table.LOAD_FAILED == 40 and table.OK == 0 and table.USAGE == 2
-    assert table.name_of(40) == "LOAD_FAILED" and 40 in table
+    assert table.LOAD_FAILED == 40
+    assert table.OK == 0
+    assert table.USAGE == 2
+    assert table.name_of(40) == "LOAD_FAILED"
+    assert 40 in table
     with pytest.raises(AttributeError):
         _ = table.NOPE
     with pytest.raises(ValueError, match="outside its range"):
@@ -84,7 +91,8 @@ def test_exit_table_by_name_and_range_checks():
 def test_ranges_do_not_overlap():
     seen: set[int] = set()
     for r in pc.EXIT_RANGES.values():
-        assert not seen & set(r) and r.start >= 10
+        assert not seen & set(r)
+        assert r.start >= 10
         seen |= set(r)
 
 
@@ -97,7 +105,8 @@ def test_export_line_round_trips_through_sh(tmp_path, value):
         text=True,
         cwd=tmp_path,
     )
-    assert out.stdout == value and not list(tmp_path.iterdir())
+    assert out.stdout == value
+    assert not list(tmp_path.iterdir())
     assert shlex.split(line)[1] == f"MODEL_PATH={value}"
 
 
@@ -115,7 +124,8 @@ def test_cli_logging_levels_and_one_line():
     logging.getLogger("httpx").info("HTTP Request: GET http://x")
     logging.getLogger("pypto_common_own").warning("line1\nline2")
     text = stream.getvalue()
-    assert "step one ***" in text and "HTTP Request" not in text
+    assert "step one ***" in text
+    assert "HTTP Request" not in text
     assert "line2" not in text
     stream2 = io.StringIO()
     pc.configure_cli_logging(["pypto_common_own"], -1, stream=stream2)
@@ -135,4 +145,5 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
     monkeypatch.setattr("os.replace", boom)
     with pytest.raises(OSError):
         pc.atomic_write_text(target, "newer")
-    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert target.read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
