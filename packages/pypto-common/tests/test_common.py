@@ -147,3 +147,24 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path, monkeypatch):
         pc.atomic_write_text(target, "newer")
     assert target.read_text() == "new"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        ".pypto_patch.json",
+        "sub/.pypto_patch.journal.json",
+        "config.json.pypto_orig",
+        ".cache/pypto-download/x.json",
+        ".pypto_patch.overlay.json",
+    ],
+)
+def test_tool_owned_names_are_recognised(name):
+    assert pc.tool_owned_reason(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["config.json", "model.safetensors", ".cache/other/x", ".gitattributes"]
+)
+def test_ordinary_names_are_not_tool_owned(name):
+    assert pc.tool_owned_reason(name) is None

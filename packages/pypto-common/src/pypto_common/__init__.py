@@ -17,6 +17,16 @@ from .exitcodes import (
     ExitCodeTable,
 )
 from .files import atomic_write_text
+from .folder import (
+    DOWNLOAD_STATE_DIR,
+    PATCH_JOURNAL,
+    PATCH_LOCK,
+    PATCH_MANIFEST,
+    PATCH_OVERLAY_MARKER,
+    PATCH_SUFFIXES,
+    RESERVED_NAMES,
+    tool_owned_reason,
+)
 from .logs import configure_cli_logging
 from .redact import (
     MASK,
@@ -35,11 +45,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COMMON_CODES",
+    "DOWNLOAD_STATE_DIR",
     "ENVIRONMENT",
     "EXIT_RANGES",
     "FAILED",
     "MASK",
     "OK",
+    "PATCH_JOURNAL",
+    "PATCH_LOCK",
+    "PATCH_MANIFEST",
+    "PATCH_OVERLAY_MARKER",
+    "PATCH_SUFFIXES",
+    "RESERVED_NAMES",
     "SECRET_ENV_VARS",
     "SECRET_FLAGS",
     "USAGE",
@@ -55,4 +72,5 @@ __all__ = [
     "redact_argv",
     "redact_obj",
     "redact_url",
+    "tool_owned_reason",
 ]
