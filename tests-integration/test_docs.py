@@ -29,7 +29,7 @@ def test_capture_gotchas_page_matches_the_explain_table():
     pytest.importorskip("pypto_capture")
     page = ROOT / "docs" / "capture-gotchas.md"
     assert page.read_text() == gen_docs.render_gotchas(), "run python tools/gen_docs.py"
-    for code in ("107025", "107027", "107030", "507015", "507011", "900", "901"):
+    for code in ("107025", "107027", "107030", "507015", "507011", "507014", "900", "901"):
         assert f"| {code} |" in page.read_text()
 
 
@@ -37,3 +37,23 @@ def test_docs_link_to_existing_pages():
     for page in (ROOT / "docs").glob("*.md"):
         for target in __import__("re").findall(r"\]\(([\w./-]+\.md)\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_exit_code_page_matches_every_tool_table():
+    for _, module in gen_docs.EXIT_TABLES:
+        pytest.importorskip(module)
+    page = ROOT / "docs" / "exit-codes.md"
+    assert page.exists(), "missing docs/exit-codes.md: run python tools/gen_docs.py"
+    assert page.read_text() == gen_docs.render_exit_codes(), "run python tools/gen_docs.py"
+
+
+def test_every_tool_table_stays_in_its_range_and_covers_the_shared_codes():
+    from pypto_common import EXIT_RANGES
+
+    assert [t for t, _ in gen_docs.EXIT_TABLES] == list(EXIT_RANGES)
+    for tool, module in gen_docs.EXIT_TABLES:
+        table = pytest.importorskip(module).EXIT
+        assert table.tool == tool
+        for entry in table:
+            assert entry.code <= 3 or entry.code in EXIT_RANGES[tool], (tool, entry)
+        assert (table.OK, table.FAILED, table.USAGE, table.ENVIRONMENT) == (0, 1, 2, 3)

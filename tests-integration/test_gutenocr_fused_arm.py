@@ -15,8 +15,8 @@ pytest.importorskip("pypto_models_gutenocr")
 
 @pytest.fixture(scope="module")
 def pinned_gutenocr(tmp_path_factory):
-    from pypto_models_gutenocr.testing import make_tiny_gutenocr
     from pypto_patch import apply
+    from pypto_testing.gutenocr import make_tiny_gutenocr
 
     folder = make_tiny_gutenocr(tmp_path_factory.mktemp("gutenocr") / "model")
     apply(folder, family="gutenocr_3b")

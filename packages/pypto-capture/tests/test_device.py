@@ -7,6 +7,7 @@ import torch
 
 from pypto_capture import (
     DeviceNotAvailableError,
+    InvalidDeviceSpecError,
     MemoryStats,
     device_name,
     memory_stats,
@@ -55,8 +56,18 @@ def test_missing_npu_is_one_line_error():
 
 @pytest.mark.parametrize("spec", ["gpu", "cuda:x", "tpu:0", "npu:-1"])
 def test_unknown_spec_rejected(spec):
-    with pytest.raises(DeviceNotAvailableError, match="unknown device"):
+    # Its own type (a CLI answers "bad usage"), still a DeviceNotAvailableError for old handlers.
+    with pytest.raises(InvalidDeviceSpecError, match="unknown device") as exc:
         resolve_device(spec)
+    assert isinstance(exc.value, DeviceNotAvailableError)
+
+
+def test_an_absent_device_is_not_a_bad_spec():
+    if HAS_CUDA:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(DeviceNotAvailableError) as exc:
+        resolve_device("cuda:0")
+    assert not isinstance(exc.value, InvalidDeviceSpecError)
 
 
 def test_cpu_memory_and_sync_are_zero_noops():

@@ -7,6 +7,28 @@ import json
 import pytest
 
 from pypto_capture import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
+from pypto_capture.explain import ACL_RT_NAMES
+
+# Every Ascend runtime code the table knows, with its name as CANN publishes it in
+# include/external/acl/error_codes/rt_error_codes.h (hicann/runtime, commit
+# d8beaaf0955bc307cdda0ae971275fb48f652a26). Copied here by hand, not imported, so a
+# wrong name in explain.py cannot agree with itself.
+PUBLISHED_ACL_RT_NAMES = {
+    "107024": "ACL_ERROR_RT_CAPTURE_DEPENDENCY",
+    "107025": "ACL_ERROR_RT_STREAM_UNJOINED",
+    "107026": "ACL_ERROR_RT_MODEL_CAPTURED",
+    "107027": "ACL_ERROR_RT_STREAM_CAPTURED",
+    "107028": "ACL_ERROR_RT_EVENT_CAPTURED",
+    "107029": "ACL_ERROR_RT_STREAM_NOT_CAPTURED",
+    "107030": "ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT",
+    "107031": "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT",
+    "107036": "ACL_ERROR_RT_STREAM_CAPTURE_UNMATCHED",
+    "107038": "ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD",
+    "507011": "ACL_ERROR_RT_MODEL_EXECUTE",
+    "507014": "ACL_ERROR_RT_AICORE_TIMEOUT",
+    "507015": "ACL_ERROR_RT_AICORE_EXCEPTION",
+    "507903": "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
+}
 
 # Messages as torch_npu / CUDA / inductor print them (shapes of real logs, trimmed).
 RECORDED = [
@@ -22,6 +44,9 @@ RECORDED = [
     ),
     ("The aicore execution is abnormal. error code is 507015 [ERROR] AICORE_EXCEPTION", "507015"),
     ("rtStreamSynchronize failed, error code is 507011", "507011"),
+    ("aclmdlRIExecuteAsync failed: model execute failed", "507011"),
+    ("EZ9999: The aicore execution timed out. error code is 507014", "507014"),
+    ("[ERROR] RUNTIME: aicore timeout on stream 3", "507014"),
     ("[ERROR] RUNTIME: capture dependency error code 107024", "107024"),
     ("error code is 107029", "107029"),
     ("error code is 107031", "107031"),
@@ -90,3 +115,27 @@ def test_every_rule_has_cause_and_fix():
     for needed in ("107025", "107027", "107030", "507015", "507011", "900", "901", "graph_break"):
         assert needed in codes
     assert all(r.cause and r.fix for r in KNOWN_CAUSES)
+
+
+ACL_RULES = [r for r in KNOWN_CAUSES if r.code.isdigit() and len(r.code) == 6]
+
+
+@pytest.mark.parametrize("rule", ACL_RULES, ids=[r.code for r in ACL_RULES])
+def test_every_acl_code_carries_its_published_name(rule):
+    """507011 was once called AICORE_TIMEOUT (that is 507014): names come from CANN's header."""
+    assert rule.code in PUBLISHED_ACL_RT_NAMES, f"{rule.code}: check it against rt_error_codes.h"
+    assert rule.name == PUBLISHED_ACL_RT_NAMES[rule.code]
+    assert explain_capture_error(f"error code is {rule.code}").name == rule.name
+
+
+def test_name_table_matches_the_header():
+    for code, name in ACL_RT_NAMES.items():
+        assert PUBLISHED_ACL_RT_NAMES[code] == name, code
+
+
+def test_507011_and_507014_are_told_apart():
+    execute = explain_capture_error("aclmdlRIExecute failed, error code is 507011")
+    timeout = explain_capture_error("error code is 507014")
+    assert (execute.code, execute.name) == ("507011", "ACL_ERROR_RT_MODEL_EXECUTE")
+    assert (timeout.code, timeout.name) == ("507014", "ACL_ERROR_RT_AICORE_TIMEOUT")
+    assert "routing tables" in execute.fix

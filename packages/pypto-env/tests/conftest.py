@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import pypto_common
 import pypto_env
 
 INFO_TEMPLATE = """package_name=Ascend-cann-toolkit
@@ -83,6 +85,13 @@ def run_doctor(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         site = make_site(tmp_path / f"site-{len(list(tmp_path.glob('site-*')))}", dists or {})
+        # pypto-common is pypto-env's one dependency (standard library only, like it). Copy
+        # the package itself: its parent may be a site-packages holding a real torch.
+        shutil.copytree(
+            Path(pypto_common.__file__).resolve().parent,
+            site / "pypto_common",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         path = [str(site), str(src)]
         try:
             import tomllib  # noqa: F401

@@ -22,7 +22,7 @@ for var, sub in (
     os.environ.setdefault(var, os.path.join(_RUN, sub))
     os.makedirs(os.environ[var], exist_ok=True)
 
-from pypto_models_gutenocr.testing import make_tiny_gutenocr  # noqa: E402
+from pypto_testing.gutenocr import make_tiny_gutenocr  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from pypto_models_gutenocr import EXIT
 from pypto_models_gutenocr.cli import main
 from pypto_models_gutenocr.preset import PRESET
 
@@ -62,7 +63,7 @@ def test_ask_text_end_to_end(tiny_gutenocr, tmp_path, capsys):
             "--json",
         ]
     )
-    assert rc == 0
+    assert rc == EXIT.OK
     report = json.loads(capsys.readouterr().out)
     assert report == json.loads(report_file.read_text())
     assert report["tokens"] == 8
@@ -92,7 +93,7 @@ def test_ask_image_with_pto_and_dynamic_policy(tiny_gutenocr, tiny_image, capsys
             "--json",
         ]
     )
-    assert rc == 0
+    assert rc == EXIT.OK
     report = json.loads(capsys.readouterr().out)
     assert report["image"] == str(tiny_image)
     assert report["switch_policy"]["switches"] == {
@@ -125,7 +126,7 @@ def test_use_acl_graph_says_which_graph_ran(tiny_gutenocr, capsys):
             "--json",
         ]
     )
-    assert rc == 0
+    assert rc == EXIT.OK
     graph = json.loads(capsys.readouterr().out)["graph"]
     assert graph["graph"] in ("torchair", "torch.compile")
     if graph["graph"] == "torch.compile":
@@ -153,7 +154,7 @@ def test_bench_writes_two_reports_and_a_summary(tiny_gutenocr, tmp_path, capsys,
             "--json",
         ]
     )
-    assert rc == 0
+    assert rc == EXIT.OK
     summary = json.loads(capsys.readouterr().out)
     assert json.loads((out / "summary.json").read_text()) == summary
     base, pto = (json.loads((out / f).read_text()) for f in ("baseline.json", "pypto.json"))
@@ -170,9 +171,12 @@ def test_bench_writes_two_reports_and_a_summary(tiny_gutenocr, tmp_path, capsys,
 @pytest.mark.parametrize(
     ("args", "code", "msg"),
     [
-        (["--model-path", "/nonexistent"], 2, "not a model folder"),
-        (["--image", "/nonexistent.png"], 2, "no such file"),
-        (["--device", "cuda:3"], 3, "no CUDA device"),
+        (["--model-path", "/nonexistent"], "USAGE", "not a model folder"),
+        (["--image", "/nonexistent.png"], "USAGE", "no such file"),
+        (["--device", "cuda:3"], "ENVIRONMENT", "cuda:3 requested but no CUDA device"),
+        (["--device", "gpu"], "USAGE", "unknown device 'gpu'"),
+        (["--device", "npu:x"], "USAGE", "unknown device 'npu:x'"),
+        (["--dtype", "float64x"], "USAGE", "--dtype 'float64x'"),
     ],
 )
 def test_bad_input_is_one_line_with_exit_code(tiny_gutenocr, capsys, args, code, msg):
@@ -189,14 +193,100 @@ def test_bad_input_is_one_line_with_exit_code(tiny_gutenocr, capsys, args, code,
     ]
     rc = main(base + args)
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == code
+    assert rc == getattr(EXIT, code)
     assert msg in err[-1]
     assert err[-1].startswith("pypto-gutenocr:")
 
 
+def test_ask_device_0_is_the_first_card_or_the_cpu(tiny_gutenocr, capsys):
+    """A bare card number (the original scripts' form): npu:0, else cuda:0, else the CPU."""
+    import torch
+
+    from pypto_capture import npu_available
+
+    rc = main(
+        [
+            "ask",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "0",
+            "--warmup",
+            "0",
+            "--output_length",
+            "2",
+            "--json",
+        ]
+    )
+    assert rc == EXIT.OK, capsys.readouterr().err
+    report = json.loads(capsys.readouterr().out)
+    expected = "npu:0" if npu_available() else "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert report["device"] == expected
+    assert report["tokens"] == 2
+    assert report["generate_s_stats"]["best"] == report["generate_s"]
+
+
+def test_broken_weights_are_one_line_load_failed(tiny_gutenocr, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_gutenocr, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # an interrupted download
+    before = sorted(p.name for p in folder.iterdir())
+    rc = main(["ask", "--model-path", str(folder), "--device", "cpu", "--warmup", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EXIT.LOAD_FAILED
+    assert err[-1].startswith("pypto-gutenocr:")
+    assert "did not load" in err[-1]
+    assert "re-download" in err[-1]
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_unusable_policy_file_is_bad_usage(tiny_gutenocr, tmp_path, capsys):
+    policy = tmp_path / "policy.json"
+    policy.write_text("{not json")
+    rc = main(
+        [
+            "ask",
+            "--model-path",
+            str(tiny_gutenocr),
+            "--device",
+            "cpu",
+            "--warmup",
+            "0",
+            "--output_length",
+            "1",
+            "--use_pto",
+            "--use_dynamic_config",
+            "--policy-file",
+            str(policy),
+        ]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == EXIT.USAGE
+    assert err[-1].startswith("pypto-gutenocr:")
+    assert str(policy) in err[-1]
+
+
+def test_exit_codes_are_in_pypto_gutenocrs_range_and_listed_in_help():
+    from pypto_common import EXIT_RANGES
+
+    assert EXIT.tool == "pypto-gutenocr"
+    for name in ("KERNEL_FAILED", "LOAD_FAILED"):
+        assert getattr(EXIT, name) in EXIT_RANGES["pypto-gutenocr"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pypto_models_gutenocr", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == EXIT.OK
+    assert f"{EXIT.KERNEL_FAILED} KERNEL_FAILED" in " ".join(out.stdout.split())
+
+
 def test_missing_model_path_names_the_env_var(monkeypatch, capsys):
     monkeypatch.delenv("GUTENOCR_MODEL_PATH", raising=False)
-    assert main(["ask"]) == 2
+    assert main(["ask"]) == EXIT.USAGE
     assert "GUTENOCR_MODEL_PATH" in capsys.readouterr().err
 
 
@@ -206,5 +296,5 @@ def test_console_script_is_installed():
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 0
+    assert out.returncode == EXIT.OK
     assert "bench" in out.stdout

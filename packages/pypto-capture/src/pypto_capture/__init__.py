@@ -34,6 +34,7 @@ from .errors import (
     CaptureFailedError,
     CaptureUnsafeConfigError,
     DeviceNotAvailableError,
+    InvalidDeviceSpecError,
     PyptoCaptureError,
     UnsupportedModelError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "DeviceNotAvailableError",
     "EagerBackend",
     "GraphBackend",
+    "InvalidDeviceSpecError",
     "MemoryStats",
     "MitigationHandle",
     "PyptoCaptureError",

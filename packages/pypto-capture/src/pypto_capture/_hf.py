@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 
@@ -53,9 +54,9 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @functools.lru_cache(maxsize=64)
-def _accepts_mask_mapping(cls: type) -> bool:
+def _forward_accepts_mask_mapping(forward: Callable[..., Any]) -> bool:
     try:
-        src = inspect.getsource(cls.forward)
+        src = inspect.getsource(forward)
     except (OSError, TypeError):
         return False
     return "attention_mask, dict)" in src
@@ -63,7 +64,7 @@ def _accepts_mask_mapping(cls: type) -> bool:
 
 def accepts_mask_mapping(model: torch.nn.Module) -> bool:
     """Whether the decoder takes ``attention_mask`` as a {layer_type: 4D mask} dict."""
-    return _accepts_mask_mapping(type(decoder_of(model)))
+    return _forward_accepts_mask_mapping(type(decoder_of(model)).forward)
 
 
 def text_config(model: Any) -> Any:
@@ -83,7 +84,9 @@ def set_attn_implementation(model: torch.nn.Module, impl: str) -> None:
     if callable(setter):
         setter(impl)
         return
-    model.config._attn_implementation = impl  # older objects: the config attribute is read per call
+    # Older objects: the config attribute is read per call. (A transformers model: its
+    # ``config`` is not on nn.Module's type.)
+    cast(Any, model).config._attn_implementation = impl
 
 
 def model_device_dtype(model: torch.nn.Module) -> tuple[torch.device, torch.dtype]:

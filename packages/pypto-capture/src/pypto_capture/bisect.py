@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -85,7 +85,8 @@ def bisect_capture(
     )
     be = backend if isinstance(backend, GraphBackend) else make_backend(backend, runner.device)
     decoder = _hf.decoder_of(model)
-    embed = model.get_input_embeddings()
+    # A transformers model: get_input_embeddings is not on nn.Module's type.
+    embed = cast(Any, model).get_input_embeddings()
     norm = getattr(decoder, "norm", None)
     layers = getattr(decoder, "layers", None)
     if embed is None or norm is None or layers is None or len(layers) <= layer_index:
@@ -110,6 +111,7 @@ def bisect_capture(
         return norm(embed(tok))
 
     def attention() -> Any:
+        assert attn is not None  # the plan lists this stage only when the layer has one
         out = attn(
             hidden_states=h,
             attention_mask=mask,
@@ -130,6 +132,7 @@ def bisect_capture(
         return out[0] if isinstance(out, tuple) else out
 
     def moe_block() -> Any:
+        assert moe is not None  # the plan lists this stage only when the layer has one
         out = moe(h)
         return out[0] if isinstance(out, tuple) else out
 

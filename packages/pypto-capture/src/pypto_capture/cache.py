@@ -27,7 +27,7 @@ key order does not matter, only which slots the mask lets through.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -56,6 +56,9 @@ def capture_safe_cache_class() -> type:
 
         is_compileable = True
         is_croppable = False
+        # Narrower than the mixin's ``Tensor | None``: update() initialises them first.
+        keys: torch.Tensor
+        values: torch.Tensor
 
         def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
             super().__init__()
@@ -125,7 +128,8 @@ def capture_safe_cache_class() -> type:
                 CaptureSafeLayer(min(w, max_cache_len) if w else max_cache_len, w, self.write_pos)
                 for w in windows
             ]
-            super().__init__(layers=layers)
+            # Cache types ``layers`` as a list of its own layer union (list is invariant).
+            super().__init__(layers=cast("list[Any]", layers))
             self.batch_size_ = batch_size
             self.capacity = max_cache_len  # not max_cache_len: a read-only property of Cache in 5.8
             self.layer_types = list(layer_types)
@@ -136,7 +140,7 @@ def capture_safe_cache_class() -> type:
             self.pos_offset = torch.zeros(batch_size, dtype=torch.long, device=device)
             self._aranges: dict[int, torch.Tensor] = {}
             lengths: dict[str, int] = {}
-            for t, layer in zip(self.layer_types, self.layers, strict=True):
+            for t, layer in zip(self.layer_types, layers, strict=True):
                 if lengths.setdefault(t, layer.max_cache_len) != layer.max_cache_len:
                     raise UnsupportedModelError(
                         f"layers of type {t!r} have different cache lengths; one mask per layer type "
@@ -165,7 +169,8 @@ def capture_safe_cache_class() -> type:
                     "the prefill cache has no per-layer tensors matching the model's layers "
                     f"({type(prefilled).__name__}); this model's cache layout is not supported"
                 )
-            for dst, src in zip(self.layers, src_layers, strict=True):
+            rings = cast("list[CaptureSafeLayer]", self.layers)  # built in __init__
+            for dst, src in zip(rings, src_layers, strict=True):
                 k, v = src.keys, src.values
                 if k is None or k.dim() != 4:
                     raise UnsupportedModelError(

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .errors import DeviceNotAvailableError
+from .errors import DeviceNotAvailableError, InvalidDeviceSpecError
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def resolve_device(spec: str | int | torch.device | None = "auto") -> torch.devi
         return torch.device("cpu")
     kind, _, idx = text.partition(":")
     if kind not in ("cuda", "npu") or (idx and not idx.isdigit()):
-        raise DeviceNotAvailableError(
-            f"unknown device {spec!r}; use 'auto', 'cpu', 'cuda:N' or 'npu:N'"
+        raise InvalidDeviceSpecError(
+            f"unknown device {spec!r}; use 'auto', 'cpu', a card number, 'cuda:N' or 'npu:N'"
         )
     return _check_index(kind, int(idx) if idx else 0)
 
@@ -325,7 +325,7 @@ def new_graph(device: torch.device, pool: Any | None = None) -> Any:
             "graph capture needs an NPU or CUDA device; on CPU use backend='compile'"
         )
     if _use_accelerator_graph(device):
-        return torch.accelerator.Graph(pool=pool)  # type: ignore[attr-defined]
+        return torch.accelerator.Graph(pool=pool)
     if device.type == "cuda":
         return torch.cuda.CUDAGraph()
     mod = _module(device)

@@ -20,6 +20,14 @@ class DeviceNotAvailableError(PyptoCaptureError):
     """The requested device (or any accelerator for ``"auto"`` with ``require``) is absent."""
 
 
+class InvalidDeviceSpecError(DeviceNotAvailableError):
+    """The device spec itself is malformed (``"gpu"``, ``"cuda:x"``), whatever the machine has.
+
+    A subclass of :class:`DeviceNotAvailableError` so existing handlers still catch it,
+    while a CLI can answer "bad usage" here and "environment missing" for an absent device.
+    """
+
+
 class CaptureFailedError(PyptoCaptureError):
     """Capturing (or compiling with fullgraph) a region failed.
 

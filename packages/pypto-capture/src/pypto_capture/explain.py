@@ -1,9 +1,9 @@
 """Turn a capture failure into a structured cause and fix.
 
 Capture errors surface as opaque runtime codes (ACL ``107025``, CUDA ``900``) or as
-long dynamo messages. The table below (from shared/facts.md, "Capture failures") maps
-them to the usual cause in LLM decode capture and the mitigation this package offers.
-Matching is by numeric code first (the most specific signal), then by message pattern.
+long dynamo messages. The table below maps them to the usual cause in LLM decode
+capture and the mitigation this package offers. Matching is by numeric code first (the
+most specific signal), then by message pattern.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-__all__ = ["KNOWN_CAUSES", "CaptureExplanation", "explain_capture_error"]
+__all__ = ["ACL_RT_NAMES", "KNOWN_CAUSES", "CaptureExplanation", "explain_capture_error"]
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,31 @@ class _Rule:
 
 _BISECT = "run pypto_capture.bisect_capture(model) to find the first failing stage"
 
+# The names of the Ascend runtime codes, exactly as CANN publishes them in
+# include/external/acl/error_codes/rt_error_codes.h of the hicann/runtime repository
+# (checked at commit d8beaaf0955bc307cdda0ae971275fb48f652a26; the same values are in
+# the "aclError" return-code table of CANN's AscendCL API reference). A rule's ``name``
+# is this published name and nothing else: what we have seen the code mean in LLM
+# capture goes into its ``cause``. tests/test_explain.py pins every entry.
+ACL_RT_NAMES: dict[str, str] = {
+    "107024": "ACL_ERROR_RT_CAPTURE_DEPENDENCY",  # capture dependency failure
+    "107025": "ACL_ERROR_RT_STREAM_UNJOINED",  # invalid capture model
+    "107027": "ACL_ERROR_RT_STREAM_CAPTURED",  # stream is captured
+    "107029": "ACL_ERROR_RT_STREAM_NOT_CAPTURED",  # stream is not in capture status
+    "107030": "ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT",  # captured, not support current oper
+    "107031": "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT",  # implicit dependency on default stream
+    "107038": "ACL_ERROR_RT_STREAM_CAPTURE_WRONG_THREAD",  # end and begin on different threads
+    "507011": "ACL_ERROR_RT_MODEL_EXECUTE",  # model execute failed
+    "507014": "ACL_ERROR_RT_AICORE_TIMEOUT",  # aicore timeout
+    "507015": "ACL_ERROR_RT_AICORE_EXCEPTION",  # aicore exception
+    "507903": "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",  # capture status is invalidated
+}
+
 KNOWN_CAUSES: tuple[_Rule, ...] = (
-    # --- Ascend ACL runtime codes (rt_error_codes.h) -------------------------------
+    # --- Ascend ACL runtime codes (names: ACL_RT_NAMES above) ------------------------
     _Rule(
         "107025",
-        "ACL_ERROR_RT_STREAM_UNJOINED",
+        ACL_RT_NAMES["107025"],
         "a side stream forked during capture was not joined before capture end: the default SDPA "
         "fused NPU kernel runs on a side stream; host sync in mask or rotary preparation also does it",
         'load with attn_implementation="eager"; apply_capture_mitigations(model) for a prebuilt '
@@ -57,7 +77,7 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "107027",
-        "ACL_ERROR_RT_STREAM_CAPTURED",
+        ACL_RT_NAMES["107027"],
         "an op needing a copy/side stream or a host sync ran during capture: MoE argsort(int64) on "
         "AICPU, .item() in mask code, a sliding-window mask build, a qk-norm path",
         "static MoE routing (pypto_capture.StaticMoERouting: fixed assignment, routing tables built "
@@ -66,7 +86,7 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "107030",
-        "ACL_ERROR_RT_CAPTURE_MODE_NOT_SUPPORT",
+        ACL_RT_NAMES["107030"],
         "a host-to-device copy during capture (DynamicCache host bookkeeping, advancing the cache "
         "length from Python)",
         "use the capture-safe KV cache (pypto_capture.CaptureSafeCache / DecodeStepRunner): fixed "
@@ -75,21 +95,32 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "507015",
-        "ACL_ERROR_RT_AICORE_EXCEPTION",
+        ACL_RT_NAMES["507015"],
         "a kernel (e.g. a PyPTO grouped GEMM) was fed a growing or dynamic shape",
         "fix every shape before capture; bucket-pad the token count N to a few sizes",
         ("aicore_exception", "aicore exception"),
     ),
     _Rule(
         "507011",
-        "ACL_ERROR_RT_AICORE_TIMEOUT (seen with MoE)",
-        "expert routing tables (cumsum of per-expert counts) rebuilt inside the captured region",
-        "compute routing tables before capture (pypto_capture.StaticMoERouting)",
-        ("aicore_timeout",),
+        ACL_RT_NAMES["507011"],
+        "the captured graph (a model to the runtime) failed when replayed; seen with MoE when "
+        "expert routing tables (cumsum of per-expert counts) are rebuilt inside the captured region",
+        "compute routing tables before capture (pypto_capture.StaticMoERouting); "
+        f"otherwise {_BISECT}",
+        ("model_execute", "model execute failed"),
+    ),
+    _Rule(
+        "507014",
+        ACL_RT_NAMES["507014"],
+        "an AI Core kernel did not finish within the runtime's timeout: a kernel fed a shape or "
+        "index it was not built for loops or stalls, or waits on work that never comes",
+        "fix every shape and index before capture; run the step eagerly to find the kernel "
+        f"(ASCEND_LAUNCH_BLOCKING=1); {_BISECT}",
+        ("aicore_timeout", "aicore timeout"),
     ),
     _Rule(
         "107024",
-        "ACL_ERROR_RT_CAPTURE_DEPENDENCY",
+        ACL_RT_NAMES["107024"],
         "captured work depends on work outside the capture (an event or stream dependency that "
         "crosses the capture boundary)",
         f"record/wait events only on the capture stream; warm up before capture; {_BISECT}",
@@ -97,28 +128,28 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "107029",
-        "ACL_ERROR_RT_STREAM_NOT_CAPTURED",
+        ACL_RT_NAMES["107029"],
         "an operation expected a capturing stream but ran on one that is not being captured",
         "issue all captured work on the capture stream (one side stream entered for the whole region)",
         ("stream_not_captured",),
     ),
     _Rule(
         "107031",
-        "ACL_ERROR_RT_STREAM_CAPTURE_IMPLICIT",
+        ACL_RT_NAMES["107031"],
         "work was issued on the implicit default stream while another stream was capturing",
         "never capture on the default stream; keep every op of the region on the side stream",
         ("capture_implicit",),
     ),
     _Rule(
         "107038",
-        "ACL_ERROR_RT_CAPTURE_WRONG_THREAD",
+        ACL_RT_NAMES["107038"],
         "capture was ended (or work issued) from a different thread than the one that began it",
         "begin and end capture on the same thread; avoid thread pools in the captured step",
         ("wrong_thread", "wrong thread"),
     ),
     _Rule(
         "507903",
-        "ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED",
+        ACL_RT_NAMES["507903"],
         "the capture was invalidated by an earlier unsupported operation in the same region",
         f"look for the first error in the log (often 107027/107030); {_BISECT}",
         ("capture_invalidated",),

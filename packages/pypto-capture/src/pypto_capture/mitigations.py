@@ -31,7 +31,7 @@ import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -100,7 +100,7 @@ def _setattr_undoable(handle: MitigationHandle, obj: Any, name: str, value: Any)
     handle._undo.append(restore)
 
 
-def _is_capture_safe_cache(obj: Any) -> bool:
+def _is_capture_safe_cache(obj: Any) -> TypeGuard[Any]:
     return obj is not None and hasattr(obj, "decode_masks") and hasattr(obj, "write_pos")
 
 

@@ -2,7 +2,8 @@
 
 Data-dependent expert routing (topk -> argsort(int64) -> per-expert counts -> cumsum ->
 variable-size slices) cannot live in a captured graph: the sort runs on AICPU (ACL
-107027), rebuilding the cumsum in the region trips 507011, and per-expert slices have
+107027, ACL_ERROR_RT_STREAM_CAPTURED), rebuilding the cumsum in the region makes the
+replay fail with 507011 (ACL_ERROR_RT_MODEL_EXECUTE), and per-expert slices have
 data-dependent shapes (torch.compile graph breaks). For *throughput* measurement and
 for capture bring-up we replace it by a fixed assignment of (token, slot) pairs to
 experts, chosen before capture, and precompute every table (counts, exclusive cumsum,

@@ -11,6 +11,7 @@ from .detect import (
     find_cann,
     installed_versions,
 )
+from .errors import EXIT
 from .matrix import (
     MatrixError,
     MatrixRow,
@@ -30,6 +31,7 @@ from .matrix import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXIT",
     "CannInstall",
     "Detection",
     "MatrixError",

@@ -3,9 +3,8 @@
 stdout carries only the ``pip install torch==X torch-npu==Y`` line (or, with ``--json``,
 one JSON object) so scripts can ``eval``/parse it; the explanation goes to stderr.
 
-Exit codes: 0 installed versions are consistent with the CANN (or not installed yet),
-1 installed torch / torch_npu mismatch the CANN, 2 bad input (unknown ``--cann``),
-3 no CANN toolkit found, 10 a CANN was detected but the matrix does not document it.
+Exit codes: :data:`pypto_env.EXIT` (0 consistent or not installed yet, 1 mismatch,
+2 unknown ``--cann``, 3 no CANN found, 50 a detected CANN the matrix does not document).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from .detect import ENV_VARS, find_cann
+from .errors import EXIT
 from .matrix import (
     MatrixRow,
     UnknownCannVersionError,
@@ -31,17 +31,11 @@ from .matrix import (
     torch_base_version,
 )
 
-__all__ = ["EXIT_CODES", "Diagnosis", "diagnose", "main"]
+__all__ = ["EXIT", "EXIT_CODES", "Diagnosis", "diagnose", "main"]
 
 SCHEMA_VERSION = 1
-EXIT_OK, EXIT_MISMATCH, EXIT_BAD_INPUT, EXIT_NO_CANN, EXIT_UNKNOWN_CANN = 0, 1, 2, 3, 10
-EXIT_CODES = {
-    EXIT_OK: "installed torch / torch_npu consistent with the CANN, or not installed yet",
-    EXIT_MISMATCH: "installed torch / torch_npu do not match the CANN",
-    EXIT_BAD_INPUT: "bad input: --cann names a version the matrix does not know",
-    EXIT_NO_CANN: "no CANN toolkit found",
-    EXIT_UNKNOWN_CANN: "a CANN toolkit was detected but the matrix does not document its version",
-}
+#: code -> meaning, derived from :data:`EXIT` (kept for callers of 0.1.0).
+EXIT_CODES = {e.code: e.meaning for e in EXIT}
 SET_ENV_HINT = (
     "source CANN's set_env.sh (e.g. `source /usr/local/Ascend/ascend-toolkit/set_env.sh` or "
     "`source /usr/local/Ascend/cann/set_env.sh`) or `export ASCEND_HOME_PATH=<toolkit dir>`; "
@@ -119,7 +113,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
             rows = rows_for(cann)
         except UnknownCannVersionError as exc:
             return Diagnosis(
-                EXIT_BAD_INPUT,
+                EXIT.USAGE,
                 "bad-input",
                 f"unknown CANN {cann!r}; pass one of: {', '.join(exc.known)}",
                 installed=installed,
@@ -130,7 +124,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
         tried = detection.tried
         if detection.install is None:
             return Diagnosis(
-                EXIT_NO_CANN,
+                EXIT.ENVIRONMENT,
                 "no-cann",
                 f"no CANN toolkit found ({', '.join(ENV_VARS)} unset or unusable): {SET_ENV_HINT}",
                 installed=installed,
@@ -141,7 +135,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
             rows = rows_for(detection.install.version)
         except UnknownCannVersionError as exc:
             return Diagnosis(
-                EXIT_UNKNOWN_CANN,
+                EXIT.UNKNOWN_CANN,
                 "unknown-cann",
                 f"CANN {detection.install.version} (at {detection.install.home}) is not in the "
                 f"matrix; install one of {', '.join(exc.known)} or pass --cann VERSION",
@@ -184,7 +178,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
                 "not-installed",
                 f"torch / torch_npu not installed yet; the printed line installs the pair for CANN {release}",
             )
-        return Diagnosis(EXIT_OK, status, msg, pins=match, notes=notes, **common)
+        return Diagnosis(EXIT.OK, status, msg, pins=match, notes=notes, **common)
 
     # Mismatch: keep the user's torch when this CANN supports it, else the recommended row.
     target = next((r for r in ordered if r.torch == torch_base), recommended)
@@ -200,7 +194,7 @@ def diagnose(cann: str | None = None, env: Mapping[str, str] | None = None) -> D
             + (f" and torch {torch}" if torch else "")
         )
     msg = "; ".join(problems) or f"torch {torch} + torch_npu {npu} do not match CANN {release}"
-    return Diagnosis(EXIT_MISMATCH, "mismatch", msg, pins=target, notes=notes, **common)
+    return Diagnosis(EXIT.FAILED, "mismatch", msg, pins=target, notes=notes, **common)
 
 
 def _explain(d: Diagnosis) -> list[str]:
@@ -230,7 +224,7 @@ def _explain(d: Diagnosis) -> list[str]:
             )
         )
     lines += [f"note: {n}" for n in d.notes]
-    lines.append(("ok: " if d.exit_code == 0 else "pypto-doctor: ") + d.message)
+    lines.append(("ok: " if d.exit_code == EXIT.OK else "pypto-doctor: ") + d.message)
     if d.pip_command:
         lines.append(f"to install: {d.pip_command}")
     return lines
@@ -240,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="pypto-doctor",
         description="Detect CANN and print the pip line that installs the matching torch / torch_npu.",
-        epilog="exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()),
+        epilog="exit codes: " + "; ".join(f"{e.code} {e.name}: {e.meaning}" for e in EXIT),
     )
     parser.add_argument(
         "--cann", metavar="VERSION", help="use this CANN version instead of detecting it"

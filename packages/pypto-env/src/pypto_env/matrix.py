@@ -7,14 +7,15 @@ installs it) and this reader agree by construction on one file.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-try:
+if sys.version_info >= (3, 11):  # noqa: UP036 - this package supports 3.10; ruff targets 3.11
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10, where pyproject pulls in tomli
+else:  # pragma: no cover - Python 3.10, where pyproject pulls in tomli
     import tomli as tomllib
 
 __all__ = [

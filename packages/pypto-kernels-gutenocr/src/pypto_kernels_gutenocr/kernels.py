@@ -1,3 +1,6 @@
+# PyPTO's jit reads each parameter's annotation, a call (``pypto.Tensor((n, h), dt)``)
+# that no type checker can read as a type; the rest of the file is checked.
+# mypy: disable-error-code="valid-type"
 """The three PyPTO kernels (RMSNorm, MRoPE, fused SwiGLU MLP).
 
 Kernels are built by factories keyed on the static parts of their shapes and
@@ -81,7 +84,8 @@ def npu_available() -> bool:
         import torch_npu  # noqa: F401
     except ImportError:
         return False
-    return bool(getattr(torch, "npu", None) and torch.npu.is_available())
+    npu = getattr(torch, "npu", None)
+    return bool(npu and npu.is_available())
 
 
 def backend(device_type: str) -> Backend:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, cast
 
 import torch
 
@@ -130,9 +131,10 @@ def _run(op: str, fn: Callable[[], None], sim: bool = False) -> None:
     from . import sim_shim
 
     before = sim_shim.run_output_names() if sim else set()
+    failures: tuple[type[BaseException], ...] = (RuntimeError, ValueError, *_pypto_errors())
     try:
         fn()
-    except (RuntimeError, ValueError, *_pypto_errors()) as err:  # parse/compile/run errors
+    except failures as err:  # parse/compile/run errors
         raise KernelError(f"PyPTO {op} kernel failed: {err}") from err
     finally:
         if sim:
@@ -197,6 +199,7 @@ def _rms_norm_eager(hidden_states: torch.Tensor, weight: torch.Tensor, eps: floa
         return reference.rms_norm_reference(hidden_states, weight, eps)
     from . import kernels
 
+    assert bk is not None  # set whenever there is no fallback reason
     h = hidden_states.shape[-1]
     x2 = hidden_states.reshape(-1, h).contiguous()
     out = torch.empty_like(x2)
@@ -233,6 +236,7 @@ def _mrope_eager(
         return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
     from . import kernels
 
+    assert bk is not None  # set whenever there is no fallback reason
     b, hq, s, d = q.shape
     qc, kc = q.contiguous(), k.contiguous()
     q_out, k_out = torch.empty_like(qc), torch.empty_like(kc)
@@ -250,21 +254,33 @@ def _is_silu(mlp_module: torch.nn.Module) -> bool:
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU")
 
 
+class _GatedMLP(Protocol):
+    """What a gated (SwiGLU) MLP module holds, as far as the type checker is concerned."""
+
+    gate_proj: torch.nn.Linear
+    up_proj: torch.nn.Linear
+    down_proj: torch.nn.Linear
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
+
+
 def _mlp_reference(mlp_module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     # The module's own projections (never mlp_module(x): its forward may be the hook
     # that called us). Same ops as transformers' Qwen2MLP, so "off" is bit-identical.
     for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
         if not hasattr(mlp_module, name):
             raise TypeError(f"{type(mlp_module).__name__} is not a gated MLP (no {name})")
-    return mlp_module.down_proj(mlp_module.act_fn(mlp_module.gate_proj(x)) * mlp_module.up_proj(x))
+    # nn.Module.__getattr__ is typed Tensor | Module; these are the MLP's submodules.
+    m = cast(_GatedMLP, mlp_module)
+    return m.down_proj(m.act_fn(m.gate_proj(x)) * m.up_proj(x))
 
 
 def _structural_reason(mlp_module: torch.nn.Module) -> str | None:
     """Why this module cannot be one fused SwiGLU kernel (pure attribute checks)."""
-    gate, up, down = (getattr(mlp_module, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
-    if not all(isinstance(m, torch.nn.Linear) for m in (gate, up, down)):
+    layers = [getattr(mlp_module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    linears = [m for m in layers if isinstance(m, torch.nn.Linear)]
+    if len(linears) != len(layers):
         return "module has no gate_proj/up_proj/down_proj Linear layers"
-    if any(m.bias is not None for m in (gate, up, down)):
+    if any(m.bias is not None for m in linears):
         return "MLP projections carry a bias"
     if not _is_silu(mlp_module):
         return f"activation {type(getattr(mlp_module, 'act_fn', None)).__name__} is not SiLU"
@@ -293,6 +309,7 @@ def _swiglu_eager(
         )
     from . import kernels
 
+    assert bk is not None  # set whenever there is no fallback reason
     xc = x2.contiguous()
     out = torch.empty_like(xc)
     kern = kernels.swiglu_mlp_kernel(
@@ -396,7 +413,8 @@ def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor)
         if not _compiling():
             stats.record_fallback("swiglu_mlp", reason)
         return _mlp_reference(mlp_module, hidden_states)
-    weights = (mlp_module.gate_proj.weight, mlp_module.up_proj.weight, mlp_module.down_proj.weight)
+    m = cast(_GatedMLP, mlp_module)  # _structural_reason found three nn.Linear layers
+    weights = (m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)
     if _compiling():
         return _swiglu_op(hidden_states, *weights)
     return _swiglu_eager(hidden_states, *weights)

@@ -171,7 +171,9 @@ def compare(
     for name in case.outputs:
         g, w = got[name].float(), want[name].float()
         errs[name] = (g - w).abs().max().item()
-        torch.testing.assert_close(
-            g, w, rtol=case.rtol, atol=case.atol, msg=lambda m, n=name: f"{case.id}/{n}: {m}"
-        )
+
+        def message(m: str, n: str = name) -> str:
+            return f"{case.id}/{n}: {m}"
+
+        torch.testing.assert_close(g, w, rtol=case.rtol, atol=case.atol, msg=message)
     return errs

@@ -1,8 +1,8 @@
 """``pypto-gutenocr``: ask (one generation, optionally on an image) and bench.
 
-Exit codes: 0 ok, 1 the run failed, 2 bad usage or input, 3 environment missing
-(no such device, missing optional dependency), 10 a PyPTO kernel failed inside
-its envelope (pypto_kernels_gutenocr.KernelError).
+Exit codes come from :data:`pypto_models_gutenocr.EXIT` (0 ok, 1 the run failed, 2 bad
+usage or input, 3 environment missing, 70 a PyPTO kernel failed inside its envelope,
+71 the model folder did not load); ``--help`` lists them.
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ from pathlib import Path
 from pypto_kernels_gutenocr import KernelError, PolicyError
 
 from .configuration import MRopeSectionError
-from .runner import AskError, AskOptions, run, summarize, write_json
-
-EXIT_KERNEL = 10
+from .errors import EXIT, AskError
+from .runner import AskOptions, run, summarize, write_json
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default="你好")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda:N | npu:N")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto | N (card N: npu:N, else cuda:N; 0 is cpu when neither exists) | cpu | "
+        "cuda:N | npu:N",
+    )
     p.add_argument("--model-path", default=None, help="model folder (default $GUTENOCR_MODEL_PATH)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--use_compile", action="store_true", help="torch.compile the forward")
@@ -53,7 +57,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pypto-gutenocr", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pypto-gutenocr",
+        description=__doc__.splitlines()[0],
+        epilog="exit codes: " + "; ".join(f"{e.code} {e.name}: {e.meaning}" for e in EXIT),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     ask = sub.add_parser("ask", help="generate once and report")
     _common(ask)
@@ -110,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print("\n".join(report["text"]))
             print(_human(report), file=sys.stderr)
-            return 0
+            return EXIT.OK
         base_opts = _options(args, False)
         baseline = run(base_opts)
         pypto = run(replace(base_opts, use_pto=True))
@@ -130,19 +138,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"delta {'n/a' if d is None else f'{d:+.1f}%'}",
                 file=sys.stderr,
             )
-        return 0
+        return EXIT.OK
     except KernelError as err:
         print(f"pypto-gutenocr: {err} (run with the switch off to compare)", file=sys.stderr)
-        return EXIT_KERNEL
+        return EXIT.KERNEL_FAILED
     except (PolicyError, MRopeSectionError) as err:
         print(f"pypto-gutenocr: {err}", file=sys.stderr)
-        return 2
+        return EXIT.USAGE
     except AskError as err:
         print(f"pypto-gutenocr: {err}", file=sys.stderr)
         return err.exit_code
     except ImportError as err:
         print(f"pypto-gutenocr: missing dependency: {err} (pip install it)", file=sys.stderr)
-        return 3
+        return EXIT.ENVIRONMENT
 
 
 if __name__ == "__main__":

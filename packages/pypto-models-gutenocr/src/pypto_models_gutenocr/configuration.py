@@ -11,9 +11,12 @@ into ``text_config.rope_parameters`` so the kernels and the rotary agree.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig
+from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLTextConfig,
+)
 
 DEFAULT_MROPE_SECTION = (16, 24, 24)
 
@@ -32,10 +35,12 @@ def normalize_mrope_section(
     config: Qwen2_5_VLConfig, raw: dict[str, Any] | None = None
 ) -> list[int]:
     """Put the checkpoint's mrope_section into ``config.text_config.rope_parameters``."""
-    text = config.text_config
+    # A dict only while a config is being built; __post_init__ calls us after it is an object.
+    text = cast(Qwen2_5_VLTextConfig, config.text_config)
     params = dict(getattr(text, "rope_parameters", None) or {})
     raw = raw or {}
-    raw_text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    raw_text_value = raw.get("text_config")
+    raw_text: dict[str, Any] = raw_text_value if isinstance(raw_text_value, dict) else {}
     section = (
         _section_from(params)
         or _section_from(raw_text.get("rope_parameters"))

@@ -16,7 +16,7 @@ mrope_section, to the kernel that does the split and the rotation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qvl
@@ -73,8 +73,8 @@ class GutenOCRTextAttention(qvl.Qwen2_5_VLAttention):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         **kwargs: Any,
     ):
-        cos, _ = position_embeddings
-        if cos.dim() != 4:
+        # None goes to the parent too, which raises for it exactly as it always has.
+        if position_embeddings is None or position_embeddings[0].dim() != 4:
             return super().forward(
                 hidden_states,
                 attention_mask=attention_mask,
@@ -92,7 +92,9 @@ class GutenOCRTextAttention(qvl.Qwen2_5_VLAttention):
         k = self.k_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
         cos, sin = position_embeddings
-        q, k = mrope_pto_correct(q, k, cos, sin, self.config.rope_parameters["mrope_section"])
+        # normalize_mrope_section put the section here (a plain dict) when the config was built.
+        rope = cast("dict[str, Any]", self.config.rope_parameters)
+        q, k = mrope_pto_correct(q, k, cos, sin, rope["mrope_section"])
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
         interface = qvl.ALL_ATTENTION_FUNCTIONS.get_interface(

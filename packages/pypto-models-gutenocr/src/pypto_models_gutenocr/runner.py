@@ -1,7 +1,9 @@
 """Load, prompt, generate and measure: the library behind ``pypto-gutenocr``.
 
-Errors are typed (:class:`AskError` subclasses); the CLI turns them into one line
-and an exit code.
+Errors are typed (:class:`AskError` subclasses, in :mod:`.errors`); the CLI turns them
+into one line and an exit code. Devices, synchronisation and memory counters come from
+pypto-capture's device layer and the timing statistics and token counting from
+pypto-bench, so ``pypto-gutenocr`` measures exactly the way ``pypto-bench`` does.
 """
 
 from __future__ import annotations
@@ -14,31 +16,50 @@ import os
 import platform
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 import pypto_kernels_gutenocr as kernels
+from pypto_bench.measure import count_tokens, summarize_seconds
+from pypto_capture import (
+    DeviceNotAvailableError,
+    InvalidDeviceSpecError,
+    memory_stats,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
 
+from .configuration import MRopeSectionError
+from .errors import AskError, BadInputError, EnvironmentMissingError, ModelLoadError
 from .modeling import GutenOCRForConditionalGeneration
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
-
-class AskError(Exception):
-    exit_code = 1
-
-
-class BadInputError(AskError):
-    exit_code = 2
-
-
-class EnvironmentMissingError(AskError):
-    exit_code = 3
+__all__ = [
+    "SCHEMA_VERSION",
+    "AskError",
+    "AskOptions",
+    "BadInputError",
+    "EnvironmentMissingError",
+    "ImageTextProcessor",
+    "ModelLoadError",
+    "build_inputs",
+    "compile_model",
+    "device_for",
+    "kernel_switches",
+    "load_model",
+    "load_processor",
+    "model_path_or_error",
+    "run",
+    "summarize",
+    "write_json",
+]
 
 
 @dataclass
@@ -63,50 +84,41 @@ class AskOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_device(spec: str | None) -> torch.device:
-    if spec in (None, "auto"):
-        if getattr(torch, "npu", None) is not None and torch.npu.is_available():
-            return torch.device("npu:0")
-        if torch.cuda.is_available():
-            return torch.device("cuda:0")
-        return torch.device("cpu")
+def device_for(spec: str | None) -> torch.device:
+    """``--device`` as pypto-capture reads it (``auto``, a bare card number, ``cpu``,
+    ``cuda:N``, ``npu:N``), with its errors mapped to this tool's exit codes."""
     try:
-        dev = torch.device(spec)
-    except RuntimeError as err:
-        raise BadInputError(f"bad --device {spec!r}: {err}") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EnvironmentMissingError(f"--device {spec}: no CUDA device here (use --device cpu)")
-    if dev.type == "npu" and not (getattr(torch, "npu", None) and torch.npu.is_available()):
-        raise EnvironmentMissingError(
-            f"--device {spec}: no Ascend NPU here (install torch_npu + CANN, or use --device cpu)"
-        )
-    return dev
+        return resolve_device(spec)
+    except InvalidDeviceSpecError as err:
+        raise BadInputError(f"bad --device: {err}") from err
+    except DeviceNotAvailableError as err:
+        raise EnvironmentMissingError(f"--device {spec}: {err}") from err
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "npu":
-        torch.npu.synchronize(device)
+def _peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory of the timed runs: allocator peak on a device, process peak RSS on CPU.
 
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    elif device.type == "npu":
-        torch.npu.reset_peak_memory_stats(device)
-
-
-def _peak_bytes(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        return {"peak_allocated": torch.cuda.max_memory_allocated(device), "kind": "device"}
-    if device.type == "npu":
-        return {"peak_allocated": torch.npu.max_memory_allocated(device), "kind": "device"}
-    # CPU: the process's peak RSS (cannot be reset: it includes model load).
+    torch keeps no allocator counters for CPU tensors; the peak RSS is the closest
+    figure there, but it cannot be reset, so it includes the model load.
+    """
+    if device.type == "cpu":
+        # ru_maxrss is KiB on Linux.
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"peak_allocated": rss, "kind": "process_peak_rss"}
+    stats = memory_stats(device)
     return {
-        "peak_allocated": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "kind": "process_peak_rss",
+        "peak_allocated": stats.peak_allocated,
+        "peak_reserved": stats.peak_reserved,
+        "kind": "device",
     }
+
+
+def _eos_ids(eos: int | Sequence[int] | None) -> list[int]:
+    if eos is None:
+        return []
+    if isinstance(eos, int):
+        return [eos]
+    return [int(e) for e in eos]
 
 
 def model_path_or_error(path: str | None) -> Path:
@@ -122,11 +134,23 @@ def model_path_or_error(path: str | None) -> Path:
 def load_model(
     path: Path, device: torch.device, dtype: str = "auto"
 ) -> GutenOCRForConditionalGeneration:
+    """The folder's model on ``device``; a folder that does not load is one ModelLoadError."""
+    if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise BadInputError(f"--dtype {dtype!r}: use auto, bfloat16, float16 or float32")
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    model = GutenOCRForConditionalGeneration.from_pretrained(
-        str(path), dtype=torch_dtype, local_files_only=True
-    )
-    return model.to(device).eval()
+    try:
+        model = GutenOCRForConditionalGeneration.from_pretrained(
+            str(path), dtype=torch_dtype, local_files_only=True
+        )
+    except MRopeSectionError:
+        raise
+    except Exception as err:  # safetensors, OSError, config ValueErrors: all "did not load"
+        first = " ".join(str(err).split())[:300]
+        raise ModelLoadError(
+            f"{path}: the model did not load ({type(err).__name__}: {first}); check that the "
+            "folder is a complete GutenOCR / Qwen2.5-VL checkpoint (re-download it)"
+        ) from err
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to's self
 
 
 class ImageTextProcessor:
@@ -176,8 +200,11 @@ def load_processor(path: Path, with_image: bool, config=None):
         )
     except (OSError, ValueError) as err:
         raise BadInputError(f"{path}: no image processor for --image ({err})") from err
+    # One id in, one token out (the list form is for a list of ids).
     image_token = (
-        tok.convert_ids_to_tokens(config.image_token_id) if config is not None else "<|image_pad|>"
+        cast(str, tok.convert_ids_to_tokens(config.image_token_id))
+        if config is not None
+        else "<|image_pad|>"
     )
     return ImageTextProcessor(image_processor, tok, image_token)
 
@@ -271,20 +298,6 @@ def compile_model(model, opts: AskOptions) -> dict[str, Any]:
     return {"graph": "eager"}
 
 
-def _count_tokens(new_tokens: torch.Tensor, eos: Any, pad: int | None) -> int:
-    """Generated tokens summed over the batch, up to and including each row's EOS."""
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-    total = 0
-    for row in new_tokens.tolist():
-        n = 0
-        for t in row:
-            n += 1
-            if t in eos_ids:
-                break
-        total += n
-    return total
-
-
 def run(opts: AskOptions) -> dict[str, Any]:
     """One phase: load, (compile), warmup, timed generate runs; returns a report dict."""
     if opts.batch < 1 or opts.output_length < 1 or opts.warmup < 0 or opts.runs < 1:
@@ -292,7 +305,7 @@ def run(opts: AskOptions) -> dict[str, Any]:
     if opts.image and not Path(opts.image).is_file():
         raise BadInputError(f"--image {opts.image}: no such file")
     path = model_path_or_error(opts.model_path)
-    device = resolve_device(opts.device)
+    device = device_for(opts.device)
     kernels.stats.reset()
     t0 = time.perf_counter()
     model = load_model(path, device, opts.dtype)
@@ -311,8 +324,10 @@ def run(opts: AskOptions) -> dict[str, Any]:
         for _ in range(opts.warmup):
             model.generate(**inputs, **gen)
         kernels.stats.reset()
-        _reset_peak(device)
-        times, tokens = [], []
+        reset_peak_memory(device)
+        eos_ids = _eos_ids(model.generation_config.eos_token_id)
+        times: list[float] = []
+        tokens: list[int] = []
         for _ in range(opts.runs):
             synchronize(device)
             t = time.perf_counter()
@@ -320,13 +335,13 @@ def run(opts: AskOptions) -> dict[str, Any]:
             synchronize(device)
             times.append(time.perf_counter() - t)
             new = out[:, inputs["input_ids"].shape[1] :]
-            tokens.append(
-                _count_tokens(new, model.generation_config.eos_token_id, gen["pad_token_id"])
-            )
+            # Summed over the batch, each row up to and including its EOS.
+            tokens.append(sum(count_tokens(new, eos_ids)))
         kernel_report = kernels.report()
     tok = getattr(proc, "tokenizer", proc)
     text = tok.batch_decode(new, skip_special_tokens=True)
-    gen_s = min(times)
+    timing = summarize_seconds(times)
+    gen_s = timing["best"]
     n_tok = tokens[times.index(gen_s)]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -341,10 +356,11 @@ def run(opts: AskOptions) -> dict[str, Any]:
         "runs": opts.runs,
         "load_s": load_s,
         "generate_s": gen_s,
-        "generate_s_all": times,
+        "generate_s_all": timing["samples"],
+        "generate_s_stats": timing,
         "tokens": n_tok,
         "tok_per_s": n_tok / gen_s if gen_s > 0 else None,
-        "peak_memory": _peak_bytes(device),
+        "peak_memory": _peak_memory(device),
         "graph": graph,
         "use_pto": opts.use_pto,
         "switch_policy": switch_info,

@@ -1,20 +1,33 @@
-"""A tiny GutenOCR folder for tests: same structure as GutenOCR-3B, small sizes, random weights.
+"""A tiny GutenOCR folder: GutenOCR-3B's structure and checkpoint format, small sizes, random weights.
 
 The folder is what a hub download holds: a flat Qwen2.5-VL config.json in the 4.x style
 (top-level ``rope_scaling`` with ``type: mrope``), safetensors weights saved from
-transformers' *native* Qwen2_5_VLForConditionalGeneration, a byte-level tokenizer with
-Qwen's vision special tokens, and a slow (PIL) image processor. Public so cross-package
-tests (the bench's pypto+graph arm) build the same folder; needs ``pypto-testing``.
+transformers' *native* ``Qwen2_5_VLForConditionalGeneration``, a byte-level tokenizer with
+Qwen's vision special tokens, and a slow (PIL) image processor.
+
+It lives here, not in pypto-models-gutenocr, so the model package's library code never
+imports test helpers; and it is built from transformers' native classes only, so
+pypto-testing never depends on the model package (which tests it). Needs the ``models``
+extra (torch, transformers, safetensors, tokenizers) and Pillow for the image processor.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
 
+from .models import write_byte_tokenizer
+
+__all__ = ["SPECIALS", "TINY_GUTENOCR", "make_tiny_gutenocr"]
+
+#: Qwen2.5-VL's vision special tokens, added to the byte-level vocabulary.
 SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
-TINY = {
+#: The tiny config: head_dim 64 (mrope_section [8, 12, 12] covers its half), GQA 2 -> 1,
+#: a two-block vision tower with one full-attention block, like the 3B model's layout.
+TINY_GUTENOCR: dict[str, Any] = {
     "architectures": ["Qwen2_5_VLForConditionalGeneration"],
     "model_type": "qwen2_5_vl",
     "hidden_size": 128,
@@ -45,6 +58,7 @@ TINY = {
 
 
 def make_tiny_gutenocr(path: str | Path, seed: int = 0) -> Path:
+    """Write the tiny GutenOCR folder at ``path`` (created if missing) and return it."""
     import torch
     from transformers import (
         PreTrainedTokenizerFast,
@@ -53,15 +67,13 @@ def make_tiny_gutenocr(path: str | Path, seed: int = 0) -> Path:
         Qwen2VLImageProcessor,
     )
 
-    from pypto_testing.models import write_byte_tokenizer
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     write_byte_tokenizer(path)
     tok = PreTrainedTokenizerFast.from_pretrained(str(path))
     tok.add_special_tokens({"additional_special_tokens": SPECIALS})
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
-    cfg = dict(TINY)
+    cfg: dict[str, Any] = copy.deepcopy(TINY_GUTENOCR)
     cfg.update(
         vocab_size=len(tok),
         pad_token_id=0,
@@ -73,7 +85,8 @@ def make_tiny_gutenocr(path: str | Path, seed: int = 0) -> Path:
         video_token_id=ids["<|video_pad|>"],
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**cfg)).eval()
+    # The config class fills rope_scaling in place: build from a copy, write the original.
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(**copy.deepcopy(cfg))).eval()
     model.save_pretrained(str(path), safe_serialization=True)
     # Keep the checkpoint's 4.x-style flat config (what the real GutenOCR-3B ships).
     (path / "config.json").write_text(json.dumps({**cfg, "dtype": "float32"}, indent=1))
@@ -81,7 +94,7 @@ def make_tiny_gutenocr(path: str | Path, seed: int = 0) -> Path:
         min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
     )
     # No processor_config: Qwen2_5_VLProcessor wants a video processor (torchvision);
-    # the CLI then pairs the slow image processor with the tokenizer itself.
+    # pypto-gutenocr then pairs the slow image processor with the tokenizer itself.
     image_processor.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return path
