@@ -19,7 +19,7 @@ PACKAGES_DIR = ROOT / "packages"
 TORCH_PIN = "torch==2.13.0"
 CANN_MATRIX = PACKAGES_DIR / "pypto-env" / "src" / "pypto_env" / "cann-matrix.toml"
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.default_venv_backend = "venv"
 
 
@@ -96,19 +96,42 @@ def _pytest(session: nox.Session, *paths: str) -> None:
         session.error(f"pytest collected no tests under {', '.join(paths)}")
 
 
-@nox.session(python=False)
+RUFF_PIN = "ruff==0.17.6"
+MYPY_PIN = "mypy==2.4.1"
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over every package, the tools and the integration tests."""
-    if not _which("ruff"):
-        session.run("python", "-m", "pip", "install", "-q", "ruff")
+    """ruff (lint and format) over every package, the tools and the integration tests."""
+    session.install(RUFF_PIN)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
-def _which(cmd: str) -> bool:
-    from shutil import which
+def _module(pkg_dir: Path) -> str:
+    return _pyproject(pkg_dir)["project"]["name"].replace("-", "_")
 
-    return which(cmd) is not None
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's library code, with its real dependencies installed.
+
+    Each package is checked as the installed module (``-p``), so imports resolve the way a
+    user's do; tests and tools are left to ruff.
+    """
+    packages = _packages()
+    session.install(TORCH_PIN, MYPY_PIN)
+    names: list[str] = []
+    for n in packages:
+        names += [d for d in _local_closure(n, packages, ("test",)) if d not in names]
+    # The test extras too: the same environment the tests run in (e.g. the optional pypto).
+    _install_local(
+        session, names, packages, {n: "test" for n in names if _has_extra(packages[n], "test")}
+    )
+    args: list[str] = []
+    for path in packages.values():
+        args += ["-p", _module(path)]
+    session.run("mypy", "--config-file", str(ROOT / "pyproject.toml"), *args)
 
 
 @nox.session
