@@ -95,7 +95,7 @@ def zero_norm_model(models_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def diffusion_model(models_dir) -> Path:
-    from pypto_bench.diffusion import make_tiny_diffusion_model
+    from pypto_testing.diffusion import make_tiny_diffusion_model
 
     return make_tiny_diffusion_model(models_dir / "diffusion")
 

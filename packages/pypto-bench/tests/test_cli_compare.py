@@ -8,14 +8,9 @@ import sys
 
 import pytest
 
-from pypto_bench import BenchConfig, compare, plot, run_bench
+from pypto_bench import EXIT, BenchConfig, compare, plot, run_bench
 from pypto_bench.cli import main
-from pypto_bench.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_ENVIRONMENT,
-    EXIT_JOB_FAILED,
-    CompareMismatchError,
-)
+from pypto_bench.errors import CompareMismatchError
 
 
 def _one_line_error(capsys) -> str:
@@ -51,20 +46,20 @@ def test_bad_input_one_line_nonzero_nothing_written(tiny_llama, tmp_path, capsys
             *extra,
         ]
     )
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert needle in _one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_missing_model_folder(tmp_path, capsys):
     code = main(["run", "--model-path", str(tmp_path / "missing"), "--device", "cpu"])
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert "does not exist" in _one_line_error(capsys)
 
 
 def test_device_that_does_not_exist(tiny_llama, capsys):
     code = main(["run", "--model-path", str(tiny_llama), "--device", "cuda:7", "--gen", "2"])
-    assert code == EXIT_ENVIRONMENT
+    assert code == EXIT.ENVIRONMENT
     assert "cuda:7" in _one_line_error(capsys)
 
 
@@ -80,12 +75,12 @@ def test_unwritable_report_path(tiny_llama, tmp_path, capsys):
             str(tmp_path / "no" / "such" / "r.json"),
         ]
     )
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert "does not exist" in _one_line_error(capsys)
     code = main(
         ["run", "--model-path", str(tiny_llama), "--device", "cpu", "--report-file", str(tmp_path)]
     )
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert not (tmp_path / "no").exists()
 
 
@@ -115,7 +110,7 @@ def test_pypto_arm_without_plugin_fails_alone(tiny_llama, tmp_path, capsys):
             str(out),
         ]
     )
-    assert code == EXIT_JOB_FAILED
+    assert code == EXIT.ARM_FAILED
     data = json.loads(out.read_text())
     assert data["ok"] is False
     eager, pg = data["arms"]
@@ -235,7 +230,7 @@ def test_compare_ratios_refusals_markdown_plot(decode_report, tmp_path, capsys):
     assert compare([data, other_machine], force=True).forced
 
     code = main(["compare", str(path), str(tmp_path / "prefill.json")])
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert "--force" in _one_line_error(capsys)
     png = tmp_path / "chart.png"
     code = main(
@@ -250,7 +245,7 @@ def test_compare_ratios_refusals_markdown_plot(decode_report, tmp_path, capsys):
         ]
     )
     out = capsys.readouterr().out
-    assert code == 0
+    assert code == EXIT.OK
     assert "| report | arm |" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     single = plot(data, tmp_path / "one.png")
@@ -262,7 +257,7 @@ def test_compare_rejects_non_reports(tmp_path, decode_report, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema_version": "1.0", "arms": []}))
     code = main(["compare", str(path), str(bad)])
-    assert code == EXIT_BAD_INPUT
+    assert code == EXIT.USAGE
     assert "invalid report" in _one_line_error(capsys)
 
 
@@ -326,7 +321,7 @@ def test_graph_capture_failure_is_isolated_and_explained(tiny_llama, tmp_path, c
             str(out),
         ]
     )
-    assert code == EXIT_JOB_FAILED
+    assert code == EXIT.ARM_FAILED
     data = json.loads(out.read_text())
     graph, eager = data["arms"]
     assert not graph["ok"]

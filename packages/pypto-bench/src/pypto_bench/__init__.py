@@ -3,10 +3,12 @@
 Library first; the ``pypto-bench`` CLI is a thin layer over these functions.
 """
 
+from .args import add_bench_arguments, bench_config_from_args
 from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig, run_bench
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
 from .errors import (
+    EXIT,
     BadInputError,
     BenchError,
     CompareMismatchError,
@@ -18,6 +20,7 @@ from .errors import (
     PluginError,
     RegimeNotSupportedError,
     ReportPathError,
+    ReportWriteError,
 )
 from .plugins import register_plugin, unregister_plugin
 from .report import (
@@ -37,7 +40,7 @@ __version__ = "0.1.0"
 
 # The diffusion module imports torch and transformers at import time; keeping it lazy
 # lets the CLI set NPU environment variables before torch is first imported.
-_LAZY = {"DiffusionOutput", "make_tiny_diffusion_model", "supports_diffusion"}
+_LAZY = {"DiffusionOutput", "diffusion_generate", "supports_diffusion"}
 
 
 def __getattr__(name: str):
@@ -50,6 +53,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ARMS",
+    "EXIT",
     "GRAPH_BACKENDS",
     "REGIMES",
     "SCHEMA_VERSION",
@@ -69,13 +73,16 @@ __all__ = [
     "RegimeNotSupportedError",
     "Report",
     "ReportPathError",
+    "ReportWriteError",
     "SmokeResult",
+    "add_bench_arguments",
+    "bench_config_from_args",
     "coherence_score",
     "compare",
     "degenerate_reason",
+    "diffusion_generate",
     "format_table",
     "load_report",
-    "make_tiny_diffusion_model",
     "plot",
     "register_plugin",
     "report_to_markdown",

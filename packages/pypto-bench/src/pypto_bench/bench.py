@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from pypto_common import redact
 
 from .errors import (
     BadInputError,
@@ -65,9 +66,15 @@ _PROMPT_TEXT = (
 
 @dataclass
 class BenchConfig:
-    """Everything a run depends on; defaults match the seed harness."""
+    """Everything a run depends on; defaults match the seed harness.
 
-    model_path: str | None = field(default_factory=lambda: os.environ.get("MODEL_PATH"))
+    ``model_path`` has no environment default: the library reads no environment
+    variable behind its caller's back (pypto-e2e fingerprints this config, and a hidden
+    ``MODEL_PATH`` would make two identical-looking configs differ). The ``pypto-bench``
+    CLI uses ``$MODEL_PATH`` as the default of ``--model-path``.
+    """
+
+    model_path: str | None = None
     device: str = "0"
     regime: str = "decode"
     seq: int = 16
@@ -137,6 +144,11 @@ class BenchConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting that changes what is measured, JSON-able; callers fingerprint it.
+
+        Where the report goes (``report_file``) and how the run was invoked
+        (``command_line``) do not change the measurement and are left out.
+        """
         return {
             "model_path": str(self.model_path) if self.model_path else None,
             "device": str(self.device),
@@ -156,6 +168,7 @@ class BenchConfig:
             "ignore_eos": self.ignore_eos,
             "diffusion_steps": self.effective_diffusion_steps,
             "block_length": self.block_length,
+            "measure_bandwidth": self.measure_bandwidth,
         }
 
     @property
@@ -387,7 +400,7 @@ def _run_eager_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
     cfg = ctx.config
     fn = _prefill_fn(ctx)
     times = []
-    out = None
+    out: Any = None
     with torch.inference_mode():
         for i in range(cfg.warmup):
             fn()
@@ -435,18 +448,20 @@ def _fill_prefill(ctx: _Ctx, arm: ArmResult, times: list[float]) -> None:
 
 
 def _diffusion_call(ctx: _Ctx, forward: Callable[[Any], Any] | None) -> Any:
-    from .diffusion import read_diffusion_output
+    from .diffusion import diffusion_generate
 
     cfg = ctx.config
-    kwargs: dict[str, Any] = {
-        "gen_length": cfg.gen,
-        "steps": cfg.effective_diffusion_steps,
-        "block_length": cfg.block_length,
-    }
-    if forward is not None:
-        kwargs["forward"] = forward
-    out = ctx.model.diffusion_generate(ctx.input_ids, **kwargs)
-    return read_diffusion_output(out)
+    steps = cfg.effective_diffusion_steps
+    assert steps is not None  # the diffusion regime always has steps
+    out = diffusion_generate(
+        ctx.model,
+        ctx.input_ids,
+        gen_length=cfg.gen,
+        steps=steps,
+        block_length=cfg.block_length,
+        forward=forward,
+    )
+    return out.sequences, out.num_denoising_steps
 
 
 def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None) -> Any:
@@ -462,7 +477,9 @@ def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None)
             calls["n"] += 1
             return inner(ids)
 
-    times, seqs, steps = [], None, None
+    times: list[float] = []
+    seqs: Any = None
+    steps: Any = None
     with torch.inference_mode():
         if forward is not None:  # compile/capture outside timing, like the decode runner
             _, arm.details["capture_s"] = _timed(ctx.device, lambda: _diffusion_call(ctx, forward))
@@ -578,7 +595,8 @@ def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
     from pypto_capture import CaptureFailedError, explain_capture_error
 
     arm.ok = False
-    arm.error = f"{type(err).__name__}: {' '.join(str(err).split())[:500]}"
+    # Exception text can quote a URL with credentials or an env token: redact at source.
+    arm.error = redact(f"{type(err).__name__}: {' '.join(str(err).split())[:500]}")
     log.error("arm %s failed: %s", arm.name, arm.error)
     try:
         arm.explanation = explain_capture_error(err).to_dict()
@@ -609,7 +627,10 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     """Run every requested arm; a failing arm is recorded, never fatal to the others.
 
     Raises only for bad input (``BadInputError``), a missing device
-    (``EnvironmentMissingError``) or a model that does not load (``ModelLoadError``).
+    (``EnvironmentMissingError``), a model that does not load (``ModelLoadError``) or,
+    with ``report_file``, a report that could be written nowhere (``ReportWriteError``,
+    carrying the JSON). Where the report went is ``report.written_to`` (a fallback path
+    when ``report_file`` failed at the end of the run; see ``write_report``).
     """
     config.validate()
     from .environment import prepare_device_env
@@ -628,7 +649,7 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
         device = resolve_device(config.device)
     except Exception as err:
         raise EnvironmentMissingError(
-            f"device {config.device!r} is not available: {' '.join(str(err).split())}"
+            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
         ) from err
 
     torch.manual_seed(config.seed)

@@ -9,90 +9,71 @@ because the NPU allocator reads its configuration when the device initialises.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from .errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, EXIT_OK, BenchError
+from pypto_common import configure_cli_logging, redact, redact_obj
+
+from .args import FLAG_FOR, add_bench_arguments
+from .errors import EXIT, BenchError
 
 log = logging.getLogger("pypto_bench")
+
+# Loggers whose INFO lines are this tool's own; everything else stays at WARNING
+# unless -v (a hub client or transformers at INFO buries the bench's lines).
+OWN_LOGGERS = ("pypto_bench", "pypto_capture")
+
+# The smoke gate loads and generates once: the model flags apply, the timing ones do not.
+_MODEL_FLAGS = ("model_path", "device", "dtype", "trust_remote_code", "attn_implementation")
+
+
+def _verbosity_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # On the subcommands too, so ``pypto-bench run -v`` works; SUPPRESS there keeps a
+    # subcommand from resetting a ``pypto-bench -v run`` to the default.
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more detail: -v third-party INFO and full tracebacks, -vv DEBUG",
+        **({"default": 0} if top else kw),
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="errors only", **({} if top else kw))
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pypto-bench", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    _verbosity_flags(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
-
-    def model_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument(
-            "--model-path",
-            default=os.environ.get("MODEL_PATH"),
-            help="model folder (default $MODEL_PATH)",
-        )
-        sp.add_argument(
-            "--device", default="0", help="0 -> npu:0, cuda:0 or cpu; or cpu, cuda:1, npu:0 ..."
-        )
-        sp.add_argument(
-            "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"]
-        )
-        sp.add_argument(
-            "--trust-remote-code", action="store_true", help="allow the folder's own model code"
-        )
-        sp.add_argument("--attn-implementation", default=None, help="e.g. eager, sdpa")
-        sp.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    env_defaults = {"model_path": os.environ.get("MODEL_PATH")}
 
     sm = sub.add_parser("smoke", help="load offline, generate a few tokens, check the output")
-    model_args(sm)
+    _verbosity_flags(sm, top=False)
+    add_bench_arguments(
+        sm, defaults=env_defaults, exclude=[f for f in FLAG_FOR if f not in _MODEL_FLAGS]
+    )
+    sm.add_argument("--json", action="store_true", help="one JSON document on stdout")
     sm.add_argument("--prompt", default=None)
     sm.add_argument("--max-new-tokens", type=int, default=16)
     sm.add_argument("--strict", action="store_true", help="fail when the coherence score is low")
     sm.add_argument("--min-coherence", type=float, default=None)
 
     run = sub.add_parser("run", help="benchmark arms in one regime and write a report")
-    model_args(run)
-    run.add_argument("--regime", default="decode", help="prefill | decode | diffusion-generate")
-    run.add_argument("--seq", type=int, default=16, help="prompt length in tokens")
-    run.add_argument(
-        "--gen", type=int, default=128, help="tokens (or diffusion positions) to generate"
-    )
-    run.add_argument("--batch", type=int, default=1)
-    run.add_argument(
-        "--arms", default="eager,graph", help="comma list of eager, graph, pypto+graph"
-    )
-    run.add_argument("--warmup", type=int, default=2)
-    run.add_argument("--iters", type=int, default=3)
-    run.add_argument(
-        "--graph-backend", default="auto", help="auto | compile | cudagraph | npugraph | eager"
-    )
-    run.add_argument(
-        "--compile-mode",
-        default=None,
-        help="torch.compile mode for the compile backend (CPU), e.g. max-autotune-no-cudagraphs",
-    )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        help="always generate --gen tokens (eager: min_new_tokens)",
-    )
-    run.add_argument(
-        "--diffusion-steps", type=int, default=None, help="denoising steps (default --gen)"
-    )
-    run.add_argument(
-        "--block-length", type=int, default=None, help="diffusion block length (default --gen)"
-    )
-    run.add_argument(
-        "--no-bandwidth", action="store_true", help="skip the bandwidth measurement (no roofline)"
-    )
-    run.add_argument("--report-file", default=None, help="write the JSON report here")
+    _verbosity_flags(run, top=False)
+    add_bench_arguments(run, defaults=env_defaults)
+    run.add_argument("--json", action="store_true", help="one JSON document on stdout")
     run.add_argument(
         "--markdown", action="store_true", help="print the markdown rendering to stderr"
     )
     run.add_argument("--no-progress", action="store_true")
 
     cmp = sub.add_parser("compare", help="ratios between reports")
+    _verbosity_flags(cmp, top=False)
     cmp.add_argument("reports", nargs="+")
     cmp.add_argument(
         "--force", action="store_true", help="compare across regimes or machines anyway"
@@ -106,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _err(msg: str) -> None:
-    print(f"pypto-bench: error: {msg}", file=sys.stderr)
+    print(f"pypto-bench: error: {redact(msg)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,17 +96,43 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse already printed its one-line usage error
-        return EXIT_OK if exc.code == 0 else EXIT_BAD_INPUT
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        return EXIT.OK if exc.code == 0 else EXIT.USAGE
+    verbosity = -1 if args.quiet else int(args.verbose or 0)
+    with _cli_logging(verbosity):
+        return _dispatch(args, args_list, verbosity)
+
+
+# Loggers configure_cli_logging sets a level on (besides root and OWN_LOGGERS).
+_THIRD_PARTY = ("httpx", "httpcore", "urllib3", "huggingface_hub", "filelock", "transformers")
+
+
+@contextlib.contextmanager
+def _cli_logging(verbosity: int) -> Iterator[None]:
+    """The CLI's logging for one ``main()`` call, undone afterwards.
+
+    ``main`` also runs in-process (tests, tools/bench_e2e_cpu.py, notebooks): a handler
+    left on the root logger would outlive the stream it writes to, and levels left
+    changed would silence or flood the caller's own logging.
+    """
+    names = ["", *OWN_LOGGERS, *_THIRD_PARTY]
+    levels = {name: logging.getLogger(name).level for name in names}
+    handler = configure_cli_logging(
+        OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"
     )
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _dispatch(args: argparse.Namespace, args_list: list[str], verbosity: int) -> int:
     if args.command in ("smoke", "run"):
         from .environment import prepare_device_env
 
         for warning in prepare_device_env(args.device):
-            print(f"pypto-bench: warning: {warning}", file=sys.stderr)
+            log.warning("%s", warning)
     try:
         if args.command == "smoke":
             return _smoke(args)
@@ -138,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
+    except Exception as err:  # one line, not a traceback, unless -v asks for it
+        if verbosity >= 1:
+            log.exception("unexpected error")
+        _err(
+            f"unexpected {type(err).__name__}: {' '.join(str(err).split())[:300]} "
+            "(rerun with -v for the traceback and report it)"
+        )
+        return EXIT.FAILED
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -157,12 +172,13 @@ def _smoke(args: argparse.Namespace) -> int:
         else DEFAULT_MIN_COHERENCE,
     )
     if args.json:
-        print(json.dumps(res.to_dict()))
+        print(json.dumps(redact_obj(res.to_dict())))
     else:
         print(res.prompt + res.text)
     score = "-" if res.coherence is None else f"{res.coherence:.2f}"
     verdict = "PASS" if res.passed else f"FAIL ({res.stage})"
-    print(f"smoke {verdict}: coherence {score} on {res.device}", file=sys.stderr)
+    if not args.quiet:
+        print(f"smoke {verdict}: coherence {score} on {res.device}", file=sys.stderr)
     if not res.passed:
         _err(res.reason or "smoke gate failed")
     return res.exit_code
@@ -196,46 +212,46 @@ class _Progress:
 
 
 def _run(args: argparse.Namespace, command_line: list[str]) -> int:
-    from .bench import BenchConfig, run_bench
+    from pathlib import Path
+
+    from .args import bench_config_from_args
+    from .bench import run_bench
+    from .errors import ReportWriteError
     from .report import format_table, report_to_markdown
 
-    config = BenchConfig(
-        model_path=args.model_path,
-        device=args.device,
-        regime=args.regime,
-        seq=args.seq,
-        gen=args.gen,
-        batch=args.batch,
-        arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
-        warmup=args.warmup,
-        iters=args.iters,
-        dtype=args.dtype,
-        graph_backend=args.graph_backend,
-        compile_mode=args.compile_mode,
-        seed=args.seed,
-        attn_implementation=args.attn_implementation,
-        trust_remote_code=args.trust_remote_code,
-        ignore_eos=args.ignore_eos,
-        diffusion_steps=args.diffusion_steps,
-        block_length=args.block_length,
-        report_file=args.report_file,
-        measure_bandwidth=not args.no_bandwidth,
-        command_line=command_line,
-    )
-    progress = _Progress(not args.no_progress)
+    # The recorded command line is redacted where the report is built and written.
+    config = bench_config_from_args(args, command_line=command_line)
+    progress = _Progress(not args.no_progress and not args.quiet)
     try:
         report = run_bench(config, progress=progress)
+    except ReportWriteError as err:
+        # The results exist only in memory now: hand them out on stdout, never drop them.
+        print(err.text, end="" if err.text.endswith("\n") else "\n")
+        raise
     finally:
         progress.close()
-    print(report_to_markdown(report) if args.markdown else format_table(report), file=sys.stderr)
+    if not args.quiet:
+        print(
+            report_to_markdown(report) if args.markdown else format_table(report), file=sys.stderr
+        )
     if args.json:
         print(report.to_json())
-    if args.report_file:
-        print(f"report written to {args.report_file}", file=sys.stderr)
+    code = EXIT.OK
+    if config.report_file and report.written_to is not None:
+        asked = Path(config.report_file).expanduser().resolve()
+        if report.written_to.resolve() == asked:
+            if not args.quiet:
+                print(f"report written to {report.written_to}", file=sys.stderr)
+        else:
+            _err(
+                f"could not write the report to {config.report_file}; it was saved to "
+                f"{report.written_to} (copy it from there)"
+            )
+            code = EXIT.REPORT_FALLBACK
     if not report.ok:
         _err(f"arm(s) failed: {', '.join(report.failed_arms)} (details in the report)")
-        return EXIT_JOB_FAILED
-    return EXIT_OK
+        return EXIT.ARM_FAILED
+    return code
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -243,7 +259,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     if len(args.reports) < 2:
         _err("compare needs at least two report files")
-        return EXIT_BAD_INPUT
+        return EXIT.USAGE
     if args.plot:
         from pathlib import Path
 
@@ -251,7 +267,7 @@ def _compare(args: argparse.Namespace) -> int:
 
         if Path(args.plot).suffix.lower() != ".png":
             _err(f"--plot {args.plot}: the chart is a PNG, name the file *.png")
-            return EXIT_BAD_INPUT
+            return EXIT.USAGE
         check_report_path(args.plot)
     comp = compare(args.reports, force=args.force)
     if args.json:
@@ -263,7 +279,7 @@ def _compare(args: argparse.Namespace) -> int:
     if args.plot:
         plot(list(args.reports), args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return EXIT_OK
+    return EXIT.OK
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ def _wordlike_share(words: Sequence[str]) -> float:
 
 
 def _variety(words: Sequence[str], text: str) -> float:
+    grams: list[tuple[str, ...]] | list[str]
     if len(words) >= 4:
         grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
     else:

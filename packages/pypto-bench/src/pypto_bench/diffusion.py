@@ -1,7 +1,6 @@
-"""The diffusion-generate protocol and a minimal model that implements it.
+"""The diffusion-generate protocol (contract D; the README documents it for model packages).
 
-Protocol (contract D; the README documents it for model packages). A model class
-supports the ``diffusion-generate`` regime when it has::
+A model class supports the ``diffusion-generate`` regime when it has::
 
     def diffusion_generate(self, input_ids, *, gen_length, steps, block_length=None,
                            forward=None, **kwargs) -> DiffusionOutput-like
@@ -16,22 +15,18 @@ graph arm then reports ``forward_used: false``.
 The bench counts B * gen_length generated positions per call and divides by the whole
 call's time (denoising), never subtracting the prompt twice.
 
-``TinyDiffusionLM`` below is a masked-diffusion sampler (LLaDA-style low-confidence
-remasking, without the bidirectional training) over a tiny Llama body: enough to run the
-regime for real in tests. ``make_tiny_diffusion_model`` writes a loadable folder whose
-code is two shim files importing this module, which is how model packages ship code.
+A tiny model implementing the protocol, for tests, is
+``pypto_testing.diffusion.make_tiny_diffusion_model`` (test helpers live in
+pypto-testing, not in this library).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def supports_diffusion(model: Any) -> bool:
@@ -41,14 +36,14 @@ def supports_diffusion(model: Any) -> bool:
 def unsupported_message(model: Any) -> str:
     return (
         f"regime diffusion-generate is not supported by this model ({type(model).__name__}): "
-        "it has no diffusion_generate()"
+        "it has no diffusion_generate(); pick --regime decode or prefill"
     )
 
 
 @dataclass
 class DiffusionOutput:
-    sequences: torch.LongTensor
-    num_denoising_steps: int
+    sequences: torch.Tensor
+    num_denoising_steps: int | None
 
 
 def read_diffusion_output(out: Any) -> tuple[torch.Tensor, int | None]:
@@ -58,90 +53,27 @@ def read_diffusion_output(out: Any) -> tuple[torch.Tensor, int | None]:
     return out.sequences, getattr(out, "num_denoising_steps", None)
 
 
-class TinyDiffusionConfig(LlamaConfig):
-    model_type = "pypto_tiny_diffusion"
+def diffusion_generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    *,
+    gen_length: int,
+    steps: int,
+    block_length: int | None = None,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> DiffusionOutput:
+    """Call a model's ``diffusion_generate`` per the protocol; the answer normalised.
 
-    def __init__(self, mask_token_id: int = 0, **kwargs: Any) -> None:
-        self.mask_token_id = mask_token_id
-        super().__init__(**kwargs)
-
-
-class TinyDiffusionLM(LlamaForCausalLM):
-    config_class = TinyDiffusionConfig
-
-    @torch.no_grad()
-    def diffusion_generate(
-        self,
-        input_ids: torch.LongTensor,
-        *,
-        gen_length: int,
-        steps: int,
-        block_length: int | None = None,
-        forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        **_: Any,
-    ) -> DiffusionOutput:
-        """Unmask ``gen_length`` positions in ``steps`` steps, most confident first."""
-        block_length = block_length or gen_length
-        if gen_length % block_length:
-            raise ValueError("gen_length must be a multiple of block_length")
-        blocks = gen_length // block_length
-        steps_per_block = max(1, steps // blocks)
-        mask_id = int(self.config.mask_token_id)
-        batch, prompt_len = input_ids.shape
-        x = torch.full(
-            (batch, prompt_len + gen_length), mask_id, dtype=torch.long, device=input_ids.device
-        )
-        x[:, :prompt_len] = input_ids
-        run = forward or (lambda ids: self(input_ids=ids, use_cache=False).logits)
-        done = 0
-        positions = torch.arange(x.shape[1], device=x.device)
-        for b in range(blocks):
-            lo, hi = prompt_len + b * block_length, prompt_len + (b + 1) * block_length
-            in_block = (positions >= lo) & (positions < hi)
-            # Spread the block's positions over its steps (earlier steps take the remainder).
-            per_step = [block_length // steps_per_block] * steps_per_block
-            for i in range(block_length % steps_per_block):
-                per_step[i] += 1
-            for k in per_step:
-                logits = run(x)
-                done += 1
-                if k == 0:
-                    continue
-                probs = torch.softmax(logits.float(), dim=-1)
-                conf, pred = probs.max(dim=-1)
-                masked = (x == mask_id) & in_block
-                conf = torch.where(masked, conf, torch.full_like(conf, -1.0))
-                top = conf.topk(k, dim=-1).indices
-                x.scatter_(1, top, pred.gather(1, top))
-        return DiffusionOutput(sequences=x, num_denoising_steps=done)
-
-
-_SHIM_CONFIG = "from pypto_bench.diffusion import TinyDiffusionConfig  # noqa: F401\n"
-_SHIM_MODEL = "from pypto_bench.diffusion import TinyDiffusionLM  # noqa: F401\n"
-
-
-def make_tiny_diffusion_model(path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
-    """A loadable folder (needs ``trust_remote_code``) whose model implements the protocol."""
-    from pypto_testing.models import tiny_config, write_byte_tokenizer
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    write_byte_tokenizer(path)
-    base = tiny_config("llama", **overrides).to_dict()
-    for key in ("model_type", "architectures", "transformers_version", "auto_map"):
-        base.pop(key, None)
-    config = TinyDiffusionConfig(**base)
-    config.architectures = ["TinyDiffusionLM"]
-    config.auto_map = {
-        "AutoConfig": "configuration_tiny_diffusion.TinyDiffusionConfig",
-        "AutoModelForCausalLM": "modeling_tiny_diffusion.TinyDiffusionLM",
+    Why a function: callers (the bench, pypto-e2e, a model package's own tests) then
+    read one type whether the model returns a dict or an object, and ``forward`` is
+    only passed when given, so models that predate it keep working.
+    """
+    kwargs: dict[str, Any] = {
+        "gen_length": gen_length,
+        "steps": steps,
+        "block_length": block_length,
     }
-    torch.manual_seed(seed)
-    model = TinyDiffusionLM(config)
-    model.save_pretrained(str(path), safe_serialization=True)
-    (path / "configuration_tiny_diffusion.py").write_text(_SHIM_CONFIG)
-    (path / "modeling_tiny_diffusion.py").write_text(_SHIM_MODEL)
-    cfg = json.loads((path / "config.json").read_text())
-    cfg["auto_map"] = config.auto_map
-    (path / "config.json").write_text(json.dumps(cfg, indent=2))
-    return path.resolve()
+    if forward is not None:
+        kwargs["forward"] = forward
+    sequences, steps_done = read_diffusion_output(model.diffusion_generate(input_ids, **kwargs))
+    return DiffusionOutput(sequences=sequences, num_denoising_steps=steps_done)

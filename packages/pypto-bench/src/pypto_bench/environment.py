@@ -76,10 +76,11 @@ def _version(dist: str) -> str | None:
 
 
 def _cann_version() -> str | None:
+    detect_cann: Any = None
     try:
         from pypto_env import detect_cann  # optional: richer detection when installed
     except ImportError:
-        detect_cann = None
+        pass
     if detect_cann is not None:
         try:
             found = detect_cann()

@@ -8,27 +8,46 @@ failed" without parsing messages.
 
 from __future__ import annotations
 
-# Exit codes (shared convention + the smoke gate's own, documented in the README).
-EXIT_OK = 0
-EXIT_JOB_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 3
-EXIT_LOAD_FAILED = 10
-EXIT_GENERATION_FAILED = 11
-EXIT_DEGENERATE = 12
-EXIT_LOW_COHERENCE = 13
+from pypto_common import ExitCodeTable
+
+#: pypto-bench's exit codes (shared 0-3 plus its own range 40-49); read them by name.
+EXIT = ExitCodeTable(
+    "pypto-bench",
+    [
+        (0, "OK", "success: the smoke gate passed / every arm ran"),
+        (1, "FAILED", "the job failed for a reason not listed below (details on stderr)"),
+        (2, "USAGE", "bad flags or input (path, regime the model cannot run); nothing was run"),
+        (3, "ENVIRONMENT", "the requested device or an optional dependency is missing"),
+        (40, "LOAD_FAILED", "the model did not load (e.g. it needs --trust-remote-code)"),
+        (41, "GENERATION_FAILED", "generation raised or produced non-finite logits"),
+        (42, "DEGENERATE", "generated output is empty, one repeated token or undecodable"),
+        (43, "LOW_COHERENCE", "smoke --strict: the coherence score is below --min-coherence"),
+        (44, "ARM_FAILED", "run: at least one arm failed; the report records why"),
+        (
+            45,
+            "REPORT_FALLBACK",
+            "run: the report could not be written to --report-file; it was saved to the "
+            "fallback path named on stderr",
+        ),
+        (
+            46,
+            "REPORT_UNWRITTEN",
+            "run: the report could be written nowhere; its JSON was printed on stdout",
+        ),
+    ],
+)
 
 
 class BenchError(Exception):
     """Base of every pypto-bench error; ``str()`` is one line naming problem and fix."""
 
-    exit_code = EXIT_JOB_FAILED
+    exit_code = EXIT.FAILED
 
 
 class BadInputError(BenchError, ValueError):
     """The request itself is wrong (flags, paths, a regime the model cannot run)."""
 
-    exit_code = EXIT_BAD_INPUT
+    exit_code = EXIT.USAGE
 
 
 class ModelNotFoundError(BadInputError):
@@ -46,25 +65,25 @@ class ReportPathError(BadInputError):
 class EnvironmentMissingError(BenchError):
     """Something the run needs is absent here (a device, an optional dependency)."""
 
-    exit_code = EXIT_ENVIRONMENT
+    exit_code = EXIT.ENVIRONMENT
 
 
 class ModelLoadError(BenchError):
     """from_pretrained failed (including a model that needs --trust-remote-code)."""
 
-    exit_code = EXIT_LOAD_FAILED
+    exit_code = EXIT.LOAD_FAILED
 
 
 class GenerationError(BenchError):
     """Generation raised or produced non-finite logits."""
 
-    exit_code = EXIT_GENERATION_FAILED
+    exit_code = EXIT.GENERATION_FAILED
 
 
 class DegenerateOutputError(BenchError):
     """Generation ran but its output is empty, one repeated token or undecodable."""
 
-    exit_code = EXIT_DEGENERATE
+    exit_code = EXIT.DEGENERATE
 
 
 class CompareMismatchError(BadInputError):
@@ -73,3 +92,16 @@ class CompareMismatchError(BadInputError):
 
 class PluginError(BenchError):
     """No kernel plug-in applies, or a plug-in misbehaved."""
+
+
+class ReportWriteError(BenchError):
+    """The finished report could not be written (neither where asked nor to a fallback).
+
+    ``text`` is the report's JSON so the caller can still hand it to the user.
+    """
+
+    exit_code = EXIT.REPORT_UNWRITTEN
+
+    def __init__(self, message: str, text: str = "") -> None:
+        super().__init__(message)
+        self.text = text

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pypto_common import redact
+
 from .errors import BadInputError, ModelLoadError, ModelNotFoundError
 
 log = logging.getLogger(__name__)
@@ -51,12 +53,30 @@ def check_model_folder(model_path: str | Path | None) -> Path:
 
 
 def read_model_config(path: Path) -> dict[str, Any]:
+    """The folder's config.json as a dict, or one-line ``ModelNotFoundError``.
+
+    A hostile or corrupt file must not crash with a traceback: nesting deeper than the
+    interpreter's recursion limit makes ``json`` raise ``RecursionError``, undecodable
+    bytes raise ``UnicodeDecodeError``, and valid JSON that is not an object would fail
+    later at ``config.get``.
+    """
+    where = path / "config.json"
     try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        data = json.loads(where.read_text(encoding="utf-8"))
+    except RecursionError as err:
         raise ModelNotFoundError(
-            f"{path}/config.json is unreadable ({err}): re-download the model"
+            f"{where} is nested too deeply to be a model config: re-download the model"
         ) from err
+    except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        detail = " ".join(str(err).split())[:200]
+        raise ModelNotFoundError(
+            f"{where} is unreadable ({detail}): re-download the model"
+        ) from err
+    if not isinstance(data, dict):
+        raise ModelNotFoundError(
+            f"{where} holds a JSON {type(data).__name__}, not an object: re-download the model"
+        )
+    return data
 
 
 def needs_remote_code(config: dict[str, Any]) -> bool:
@@ -116,7 +136,7 @@ def load_model(
         )
         model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except Exception as err:  # transformers raises many unrelated types here
-        msg = " ".join(str(err).split())
+        msg = redact(" ".join(str(err).split()))
         if "trust_remote_code" in msg and not trust_remote_code:
             raise ModelLoadError(
                 f"{path} needs its own code to load: rerun with --trust-remote-code if you trust it"
@@ -125,7 +145,9 @@ def load_model(
     try:
         model.to(device)
     except Exception as err:
-        raise ModelLoadError(f"moving the model to {device} failed: {err}") from err
+        raise ModelLoadError(
+            f"moving the model to {device} failed: {redact(' '.join(str(err).split()))[:300]}"
+        ) from err
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInputError, ReportPathError
+from pypto_common import atomic_write_text, redact, redact_argv, redact_obj
+
+from .errors import BadInputError, ReportPathError, ReportWriteError
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "1.0"
 
@@ -64,6 +70,9 @@ class Report:
     arms: list[ArmResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ok: bool = True
+    #: Where ``run_bench`` actually wrote the report (the fallback path when the asked
+    #: one failed); not part of the document.
+    written_to: Path | None = field(default=None, compare=False, repr=False)
 
     def arm(self, name: str) -> ArmResult | None:
         return next((a for a in self.arms if a.name == name), None)
@@ -82,7 +91,16 @@ class Report:
         self.ok = not self.failed_arms
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        """The JSON document, secrets redacted: whatever reaches a file or stdout passes here.
+
+        Redaction happens at this one exit (not only where the command line is
+        recorded) because arm errors and warnings quote exception text, which can carry
+        a URL with credentials or a token read from the environment.
+        """
+        data = _jsonable(asdict(self))
+        data.pop("written_to", None)
+        data["command_line"] = redact_argv(data.get("command_line") or [])
+        return redact_obj(data)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
@@ -111,7 +129,7 @@ def new_report(config: Any, *, device: Any, device_name: str | None) -> Report:
         schema_version=SCHEMA_VERSION,
         tool={"name": "pypto-bench", "version": _own_version()},
         created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        command_line=list(config.command_line) if config.command_line else list(sys.argv),
+        command_line=redact_argv(config.command_line if config.command_line else sys.argv),
         environment=environment_metadata(device, device_name),
         config=config.to_dict(),
         regime=config.regime,
@@ -146,23 +164,99 @@ def check_report_path(path: str | Path) -> Path:
     return p
 
 
-def write_report(report: Report | dict[str, Any], path: str | Path) -> Path:
-    """Write atomically (temp file + rename): a crash never leaves half a report."""
-    p = check_report_path(path)
-    text = (
-        report.to_json() if isinstance(report, Report) else json.dumps(_jsonable(report), indent=2)
-    )
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{p.name}.", suffix=".tmp", dir=p.parent if str(p.parent) else "."
-    )
+def _report_text(report: Report | dict[str, Any]) -> str:
+    if isinstance(report, Report):
+        return report.to_json() + "\n"
+    data = redact_obj(_jsonable(report))
+    if isinstance(data.get("command_line"), list):
+        data["command_line"] = redact_argv(data["command_line"])
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def fallback_dirs() -> list[Path]:
+    """Where a report goes when its own path fails: ``$TMPDIR`` (else the system temp
+    folder), then the cwd.
+
+    ``$TMPDIR`` is taken as given rather than through ``tempfile.gettempdir()``, which
+    silently moves on to ``/var/tmp`` or elsewhere: the user must be told one
+    predictable place.
+    """
+    first = os.environ.get("TMPDIR") or tempfile.gettempdir()
+    dirs = [Path(first), Path.cwd()]
+    return list(dict.fromkeys(dirs))
+
+
+def _write_fallback(text: str, dirs: Sequence[Path]) -> tuple[Path | None, list[str]]:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    problems: list[str] = []
+    for folder in dirs:
+        fd, tmp = -1, ""
+        try:
+            fd, tmp = tempfile.mkstemp(
+                prefix=f"pypto-bench-report-{stamp}-", suffix=".json", dir=folder
+            )
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fd = -1
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            return Path(tmp), problems
+        except OSError as err:
+            if fd >= 0:
+                os.close(fd)
+            if tmp:
+                with_suppress_unlink(tmp)
+            problems.append(f"{folder}: {err.strerror or err}")
+    return None, problems
+
+
+def write_report(
+    report: Report | dict[str, Any],
+    path: str | Path,
+    *,
+    fallback: bool = True,
+    fallback_dir: Sequence[str | Path] | None = None,
+) -> Path:
+    """Write the report atomically and return the path it actually went to.
+
+    The report is the product of a long run, so a failing write (the folder vanished,
+    the disk filled, the file system went read-only) must not throw the results away:
+    with ``fallback`` (the default) the report is written to
+    ``$TMPDIR/pypto-bench-report-<timestamp>-*.json`` (else the cwd; or
+    ``fallback_dir``), a warning names that path, and that path is returned; compare it
+    with ``path`` to know. Raises ``ReportWriteError`` (its ``text`` holds the JSON)
+    when no place takes it, and ``ReportPathError`` when ``fallback`` is off.
+    """
+    text = _report_text(report)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text + "\n")
-        os.replace(tmp, p)
-    except BaseException:
-        with_suppress_unlink(tmp)
-        raise
-    return p
+        p = check_report_path(path)
+        atomic_write_text(p, text)
+        if isinstance(report, Report):
+            report.written_to = p
+        return p
+    except (OSError, ReportPathError) as err:
+        reason = (
+            str(err)
+            if isinstance(err, ReportPathError)
+            else f"writing {path} failed: {err.strerror or err}"
+        )
+        reason = redact(reason)
+        if not fallback:
+            if isinstance(err, ReportPathError):
+                raise
+            raise ReportPathError(f"{reason}: pick another --report-file") from err
+        dirs = [Path(d) for d in fallback_dir] if fallback_dir is not None else fallback_dirs()
+        written, problems = _write_fallback(text, dirs)
+        if written is None:
+            raise ReportWriteError(
+                f"{reason}; no fallback folder took it either ({'; '.join(problems)}): "
+                "free disk space or pass a writable --report-file",
+                text,
+            ) from err
+        log.warning("%s; the report was saved to %s instead", reason, written)
+        if isinstance(report, Report):
+            report.written_to = written
+        return written
 
 
 def with_suppress_unlink(path: str) -> None:

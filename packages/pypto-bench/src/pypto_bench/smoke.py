@@ -13,20 +13,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pypto_common import redact
+
 from .coherence import coherence_score, degenerate_reason
-from .errors import (
-    EXIT_DEGENERATE,
-    EXIT_GENERATION_FAILED,
-    EXIT_LOAD_FAILED,
-    EXIT_LOW_COHERENCE,
-    EXIT_OK,
-    BenchError,
-)
+from .errors import EXIT, BenchError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "The capital of France is"
 DEFAULT_MIN_COHERENCE = 0.5
+
+#: Appended to a degenerate-output failure: random-weight models (tests, a fresh port
+#: before its weights are in) fail the gate by design, and the user needs the way on.
+THROUGHPUT_ONLY_HINT = "for a throughput-only run of random weights, pass --skip smoke (pypto-e2e) or run `pypto-bench run` directly"
 
 
 @dataclass
@@ -83,11 +82,13 @@ def smoke(
     try:
         dev = resolve_device(device)
     except Exception as err:
-        raise EnvironmentMissingError(f"device {device!r} is not available: {err}") from err
+        raise EnvironmentMissingError(
+            f"device {device!r} is not available: {redact(' '.join(str(err).split()))}"
+        ) from err
 
     result = SmokeResult(
         passed=False,
-        exit_code=EXIT_LOAD_FAILED,
+        exit_code=EXIT.LOAD_FAILED,
         stage="load",
         reason=None,
         prompt=prompt,
@@ -106,18 +107,18 @@ def smoke(
     except BadInputError:
         raise
     except BenchError as err:
-        result.reason = str(err)
+        result.reason = redact(str(err))
         return result
     result.model_class = type(loaded.model).__name__
     result.load_seconds = round(loaded.load_seconds, 4)
 
-    result.stage, result.exit_code = "generate", EXIT_GENERATION_FAILED
+    result.stage, result.exit_code = "generate", EXIT.GENERATION_FAILED
     try:
         ids, finite, seconds = _generate(
             loaded.model, loaded.tokenizer, prompt, max_new_tokens, dev
         )
     except Exception as err:
-        result.reason = (
+        result.reason = redact(
             f"generation failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
         )
         return result
@@ -129,17 +130,17 @@ def smoke(
         result.reason = "generation produced non-finite logits (NaN/Inf): check dtype and kernels"
         return result
 
-    result.stage, result.exit_code = "check", EXIT_DEGENERATE
+    result.stage, result.exit_code = "check", EXIT.DEGENERATE
     reason = degenerate_reason(ids, result.text)
     result.coherence = coherence_score(result.text)
     if reason is not None:
-        result.reason = reason
+        result.reason = f"{reason}; {THROUGHPUT_ONLY_HINT}"
         return result
     if strict and result.coherence < min_coherence:
-        result.stage, result.exit_code = "coherence", EXIT_LOW_COHERENCE
+        result.stage, result.exit_code = "coherence", EXIT.LOW_COHERENCE
         result.reason = f"coherence score {result.coherence:.2f} < {min_coherence:.2f} (--strict)"
         return result
-    result.passed, result.exit_code, result.stage = True, EXIT_OK, "done"
+    result.passed, result.exit_code, result.stage = True, EXIT.OK, "done"
     return result
 
 

@@ -1,0 +1,202 @@
+"""The bench's command-line flags, defined once for every tool that runs the bench.
+
+Why a public module: pypto-e2e runs the same bench inside its pipeline. When it copied
+the flags, the two drifted (a flag added here never reached e2e, a default differed), and
+a run "with the same flags" measured something else. Both tools now add the flags with
+:func:`add_bench_arguments` and build the config with :func:`bench_config_from_args`,
+so a flag exists, is spelled and defaults the same everywhere.
+
+Each flag's ``dest`` is the :class:`~pypto_bench.bench.BenchConfig` field it sets. No
+torch import here: a CLI builds its parser before choosing device environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig
+from .loading import DTYPES
+
+# BenchConfig fields that are not user flags: the recorded command line is set by the
+# program that runs the bench (already redacted there), never typed by the user.
+NOT_FLAGS = frozenset({"command_line"})
+
+
+def parse_arms(text: str | Iterable[str]) -> tuple[str, ...]:
+    """``"eager, graph"`` -> ``("eager", "graph")``; validation is BenchConfig.validate's job."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return tuple(a.strip() for a in items if a.strip())
+
+
+@dataclass(frozen=True)
+class _Flag:
+    dest: str
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+    action: str | None = None  # "store_true" / "store_false"
+    metavar: str | None = None
+
+
+_DEFAULTS = BenchConfig()
+
+# Order = order in --help. Help texts stay short: the README explains each in full.
+_FLAGS: tuple[_Flag, ...] = (
+    _Flag(
+        "model_path",
+        "--model-path",
+        "model folder (the pypto-bench CLI defaults to $MODEL_PATH)",
+        metavar="DIR",
+    ),
+    _Flag("device", "--device", "0 -> npu:0, cuda:0 or cpu; or cpu, cuda:1, npu:0 ..."),
+    _Flag("dtype", "--dtype", "weights' dtype (auto: the folder's)", choices=DTYPES),
+    _Flag(
+        "trust_remote_code",
+        "--trust-remote-code",
+        "allow the model folder's own code to run",
+        action="store_true",
+    ),
+    _Flag(
+        "attn_implementation",
+        "--attn-implementation",
+        "attention implementation, e.g. eager, sdpa (default: transformers' choice)",
+    ),
+    _Flag("regime", "--regime", " | ".join(REGIMES), metavar="REGIME"),
+    _Flag(
+        "arms",
+        "--arms",
+        "comma list of " + ", ".join(ARMS),
+        type=parse_arms,
+        metavar="ARM[,ARM...]",
+    ),
+    _Flag("seq", "--seq", "prompt length in tokens", type=int, metavar="N"),
+    _Flag("gen", "--gen", "tokens (or diffusion positions) to generate", type=int, metavar="N"),
+    _Flag("batch", "--batch", "rows per call", type=int, metavar="N"),
+    _Flag("warmup", "--warmup", "untimed iterations per arm", type=int, metavar="N"),
+    _Flag("iters", "--iters", "timed iterations (samples) per arm", type=int, metavar="N"),
+    _Flag("graph_backend", "--graph-backend", " | ".join(GRAPH_BACKENDS), metavar="BACKEND"),
+    _Flag(
+        "compile_mode",
+        "--compile-mode",
+        "torch.compile mode for the compile backend (CPU), e.g. max-autotune-no-cudagraphs",
+        metavar="MODE",
+    ),
+    _Flag("seed", "--seed", "torch seed set before loading", type=int, metavar="N"),
+    _Flag(
+        "ignore_eos",
+        "--ignore-eos",
+        "always generate --gen tokens (eager: min_new_tokens)",
+        action="store_true",
+    ),
+    _Flag(
+        "diffusion_steps",
+        "--diffusion-steps",
+        "denoising steps (default --gen)",
+        type=int,
+        metavar="N",
+    ),
+    _Flag(
+        "block_length",
+        "--block-length",
+        "diffusion block length, divides --gen (default --gen)",
+        type=int,
+        metavar="N",
+    ),
+    _Flag(
+        "measure_bandwidth",
+        "--no-bandwidth",
+        "skip the bandwidth measurement (no roofline ceiling)",
+        action="store_false",
+    ),
+    _Flag("report_file", "--report-file", "write the JSON report here", metavar="FILE"),
+)
+
+#: BenchConfig field -> its flag (``--model-path`` ...), for messages and tests.
+FLAG_FOR: dict[str, str] = {f.dest: f.flag for f in _FLAGS}
+
+
+def _dest(name: str) -> str:
+    """Accept a field name, a flag or a flag without dashes: ``--block-length`` -> block_length."""
+    dest = name.lstrip("-").replace("-", "_")
+    if dest == "no_bandwidth":
+        return "measure_bandwidth"
+    return dest
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def add_bench_arguments(
+    parser_or_group: Any,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    exclude: Iterable[str] = (),
+) -> list[str]:
+    """Add every bench flag to an ``ArgumentParser`` or argument group; return their dests.
+
+    ``defaults`` maps field names (or flags) to the default a program wants, e.g.
+    ``{"model_path": os.environ.get("MODEL_PATH")}`` for ``pypto-bench run``; fields not
+    named keep ``BenchConfig``'s default. ``exclude`` names flags the caller defines
+    itself (field names or flags). Unknown names in either raise ``ValueError``: a
+    typo there would silently drop a flag.
+    """
+    known = {f.dest for f in _FLAGS}
+    wanted = {_dest(k): v for k, v in (defaults or {}).items()}
+    skip = {_dest(n) for n in exclude}
+    unknown = sorted((set(wanted) | skip) - known)
+    if unknown:
+        raise ValueError(
+            f"not bench flags: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    added: list[str] = []
+    for f in _FLAGS:
+        if f.dest in skip:
+            continue
+        default = wanted.get(f.dest, getattr(_DEFAULTS, f.dest))
+        kwargs: dict[str, Any] = {"dest": f.dest, "default": default}
+        if f.action == "store_true":
+            kwargs["action"] = "store_true"
+            help_text = f.help
+        elif f.action == "store_false":
+            kwargs["action"] = "store_false"
+            help_text = f.help
+        else:
+            if f.type is not None:
+                kwargs["type"] = f.type
+            if f.choices is not None:
+                kwargs["choices"] = f.choices
+            if f.metavar is not None:
+                kwargs["metavar"] = f.metavar
+            help_text = f.help if default is None else f"{f.help} (default: {_show(default)})"
+        parser_or_group.add_argument(f.flag, help=help_text, **kwargs)
+        added.append(f.dest)
+    return added
+
+
+def bench_config_from_args(namespace: argparse.Namespace, **overrides: Any) -> BenchConfig:
+    """The ``BenchConfig`` a parsed namespace asks for; ``overrides`` win over it.
+
+    Fields whose flag was excluded (absent from the namespace) keep BenchConfig's
+    default. The config is not validated here: call ``validate()`` where a bad request
+    should stop the program (``run_bench`` validates again).
+    """
+    names = {f.name for f in fields(BenchConfig)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"BenchConfig has no field(s) {', '.join(unknown)}")
+    values: dict[str, Any] = {}
+    for name in names:
+        if name in overrides:
+            values[name] = overrides[name]
+        elif name not in NOT_FLAGS and hasattr(namespace, name):
+            values[name] = getattr(namespace, name)
+    if "arms" in values and not isinstance(values["arms"], tuple):
+        values["arms"] = parse_arms(values["arms"])
+    return BenchConfig(**values)
