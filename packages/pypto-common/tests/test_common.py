@@ -168,3 +168,21 @@ def test_tool_owned_names_are_recognised(name):
 )
 def test_ordinary_names_are_not_tool_owned(name):
     assert pc.tool_owned_reason(name) is None
+
+
+def test_non_propagating_library_handlers_are_redacted_too():
+    lib = logging.getLogger("transformers")
+    stream = io.StringIO()
+    own = logging.StreamHandler(stream)
+    saved = (lib.handlers[:], lib.propagate)
+    lib.handlers[:] = [own]
+    lib.propagate = False
+    try:
+        pc.configure_cli_logging(
+            ["pypto_common_own"], 0, stream=io.StringIO(), secrets=["tok12345"]
+        )
+        lib.warning("loading with tok12345")
+    finally:
+        lib.handlers[:], lib.propagate = saved
+    assert "tok12345" not in stream.getvalue()
+    assert "loading with ***" in stream.getvalue()

@@ -58,6 +58,9 @@ def configure_cli_logging(
     else:
         own_level, other_level = logging.DEBUG, logging.DEBUG
     root.setLevel(other_level)
+    # A failing handler must not print the record (and any secret in it) through
+    # logging's own error report.
+    logging.raiseExceptions = False
     for name in own:
         logging.getLogger(name).setLevel(own_level)
     # Libraries that set their own levels or handlers at import.
@@ -65,4 +68,10 @@ def configure_cli_logging(
         lib = logging.getLogger(name)
         if name not in own:
             lib.setLevel(other_level)
+        # transformers logs through its own handler with propagate=False: its lines never
+        # reach ours, so its handlers get the redaction filter too.
+        if not lib.propagate:
+            for own_handler in lib.handlers:
+                if not any(isinstance(f, RedactingFilter) for f in own_handler.filters):
+                    own_handler.addFilter(RedactingFilter(secrets))
     return handler
