@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pypto_e2e import MANIFEST_NAME, BadRunInputError, RunConfig, StepFailedError, run
+from pypto_common import export_line
+from pypto_e2e import EXIT, MANIFEST_NAME, BadRunInputError, RunConfig, StepFailedError, run
 
 TINY_REPO = "pypto-test/tiny-llama"
 
@@ -60,10 +61,10 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     smoke gate on the trained model, eager vs graph on CPU, every artefact written."""
     work = tmp_path / "run"
     proc = run_cli("demo", "--work-dir", str(work), "--gen", "8", "--iters", "1")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == EXIT.OK, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == f"export PYPTO_REPORT={work / 'report' / 'report.md'}"
-    assert lines[0] == f"export MODEL_PATH={work / 'patched'}"
+    assert lines[-1] == export_line("PYPTO_REPORT", work / "report" / "report.md")
+    assert lines[0] == export_line("MODEL_PATH", work / "patched")
     assert _statuses(work) == {s: "ok" for s in ("download", "patch", "smoke", "bench", "report")}
     report = json.loads((work / "report" / "bench.json").read_text())
     assert [a["name"] for a in report["arms"]] == ["eager", "graph"]
@@ -79,21 +80,27 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
 
 
 def test_tiny_random_model_stops_at_the_smoke_gate(hub, tmp_path):
-    """Random weights give degenerate text: the run stops before measuring anything."""
+    """Random weights give degenerate text: the run stops before measuring anything, and
+    the message says how to measure throughput anyway."""
     work = tmp_path / "run"
     proc = run_cli(
         "run", "--model-id", TINY_REPO, "--work-dir", str(work), "--endpoint", hub.endpoint, *FAST
     )
-    assert proc.returncode == 12, proc.stderr
+    assert proc.returncode == EXIT.SMOKE_FAILED, proc.stderr
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith("pypto-e2e: error: step 'smoke' failed:")
     assert "eager must work before anything is measured" in err
+    assert "--skip smoke" in err
     statuses = _statuses(work)
     assert statuses["download"] == "ok"
     assert statuses["patch"] == "not-needed"  # transformers-native, said so
     assert statuses["smoke"] == "failed"
     assert "bench" not in statuses
     assert proc.stdout == ""
+    error = _manifest(work)["steps"]["smoke"]["error"]
+    assert error["name"] == "SMOKE_FAILED"
+    assert error["cause"]["tool"] == "pypto-bench"
+    assert error["cause"]["name"] == "DEGENERATE"
 
 
 def test_tiny_model_bench_with_smoke_skipped_then_reused(hub, tmp_path):
@@ -113,7 +120,7 @@ def test_tiny_model_bench_with_smoke_skipped_then_reused(hub, tmp_path):
         *FAST,
     ]
     first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == EXIT.OK, first.stderr
     assert _statuses(work) == {
         "download": "ok",
         "patch": "not-needed",
@@ -123,16 +130,25 @@ def test_tiny_model_bench_with_smoke_skipped_then_reused(hub, tmp_path):
     }
     hub.clear_requests()
     second = run_cli(*args)
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == EXIT.OK, second.stderr
     assert "[download] reused" in second.stderr
     assert "[bench] reused" in second.stderr
     assert hub.bytes_sent(method="GET") == 0  # nothing fetched again
     # a changed bench input re-runs bench and report only
     third = run_cli(*args[: -len(FAST)], *[x if x != "8" else "6" for x in FAST])
-    assert third.returncode == 0, third.stderr
+    assert third.returncode == EXIT.OK, third.stderr
     assert "[download] reused" in third.stderr
     assert "[bench] ok" in third.stderr
     assert "[report] ok" in third.stderr
+    # a bench flag e2e takes from pypto-bench reaches the bench and invalidates it alone
+    fourth = run_cli(*args, "--ignore-eos", "--compile-mode", "default")
+    assert fourth.returncode == EXIT.OK, fourth.stderr
+    assert "[download] reused" in fourth.stderr
+    assert "[patch] reused" in fourth.stderr
+    assert "[bench] ok" in fourth.stderr
+    config = json.loads((work / "report" / "bench.json").read_text())["config"]
+    assert config["ignore_eos"] is True
+    assert config["compile_mode"] == "default"
 
 
 def test_resume_after_the_bench_step_is_killed(hub, tmp_path):
@@ -180,37 +196,62 @@ def test_resume_after_the_bench_step_is_killed(hub, tmp_path):
     proc.wait()
     assert _statuses(work)["bench"] == "running"  # the manifest shows where it stopped
     resumed = run_cli(*[a if a != "50" else "1" for a in args])
-    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.returncode == EXIT.OK, resumed.stderr
     assert "[download] reused" in resumed.stderr
     assert "[bench] ok" in resumed.stderr
     assert _statuses(work)["bench"] == "ok"
 
 
+def test_a_download_failure_is_e2e_s_code_with_the_tool_s_as_cause(hub, tmp_path):
+    work = tmp_path / "run"
+    proc = run_cli(
+        "run",
+        "--model-id",
+        "nobody/missing",
+        "--work-dir",
+        str(work),
+        "--endpoint",
+        hub.endpoint,
+        "--json",
+        *FAST,
+    )
+    assert proc.returncode == EXIT.DOWNLOAD_FAILED, proc.stderr
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("pypto-e2e: error: step 'download' failed:"), err
+    assert "not found" in err.lower()
+    assert _statuses(work)["download"] == "failed"
+    doc = json.loads(proc.stdout)
+    assert doc["error"]["name"] == "DOWNLOAD_FAILED"
+    assert doc["error"]["step"] == "download"
+    import pypto_download
+
+    assert doc["error"]["cause"] == {
+        "tool": "pypto-download",
+        "code": pypto_download.RepoNotFoundError.exit_code,
+        "name": pypto_download.EXIT.name_of(pypto_download.RepoNotFoundError.exit_code),
+    }
+    assert _manifest(work)["steps"]["download"]["error"]["cause"] == doc["error"]["cause"]
+
+
 @pytest.mark.parametrize(
-    ("extra", "code", "step", "needle"),
+    ("extra", "needle"),
     [
-        (["--model-id", "nobody/missing"], None, "download", "not found"),
-        (["--model-id", TINY_REPO, "--family", "no_such_family"], 2, "patch", "no_such_family"),
+        (["--arms", "eager,warp"], "unknown arm 'warp'"),
+        (["--family", "no_such_family"], "no_such_family"),
+        (["--model-id", "bad//id"], "malformed model id"),
     ],
 )
-def test_step_failures_name_the_step(hub, tmp_path, extra, code, step, needle):
+def test_bad_input_is_rejected_before_anything_runs(tmp_path, extra, needle):
     work = tmp_path / "run"
-    proc = run_cli("run", *extra, "--work-dir", str(work), "--endpoint", hub.endpoint, *FAST)
-    assert proc.returncode != 0
-    if code is not None:
-        assert proc.returncode == code
-    err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith(f"pypto-e2e: error: step '{step}' failed:"), err
-    assert needle in err.lower()
-    assert _statuses(work)[step] == "failed"
-
-
-def test_bad_input_is_rejected_before_anything_runs(tmp_path):
-    work = tmp_path / "run"
-    proc = run_cli("run", "--model-id", TINY_REPO, "--work-dir", str(work), "--arms", "eager,warp")
-    assert proc.returncode == 2
-    assert "unknown arm 'warp'" in proc.stderr
+    proc = run_cli("run", "--model-id", TINY_REPO, "--work-dir", str(work), *extra)
+    assert proc.returncode == EXIT.USAGE, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert needle in proc.stderr
     assert not work.exists()
+
+
+def test_bad_run_configs_are_rejected_before_anything_runs(tmp_path):
+    work = tmp_path / "run"
     with pytest.raises(BadRunInputError, match="--skip download needs --model-path"):
         run(RunConfig(work_dir=work, skip=("download",)))
     with pytest.raises(BadRunInputError, match="unknown step 'dowload'"):
@@ -226,7 +267,8 @@ def test_remote_code_without_a_preset_is_a_patch_failure(tmp_path, tiny_model_di
     cfg = json.loads((model / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.X"}
     (model / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(StepFailedError, match="points at remote code") as info:
+    with pytest.raises(StepFailedError, match="ships its own code") as info:
         run(RunConfig(work_dir=tmp_path / "w", model_path=str(model), skip=("download",)))
-    assert info.value.exit_code == 2
+    assert info.value.exit_code == EXIT.REMOTE_CODE_REFUSED
     assert "--family" in str(info.value)
+    assert "--trust-remote-code" in str(info.value)

@@ -9,27 +9,29 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .config import STEPS, RunConfig
 from .demo import run_demo
-from .pipeline import (
-    MANIFEST_NAME,
-    STEPS,
-    BadRunInputError,
-    E2EError,
-    RunConfig,
-    RunResult,
-    StepFailedError,
-    run,
-)
+from .errors import EXIT, BadRunInputError, E2EEnvironmentError, E2EError, StepFailedError
+from .fingerprint import FolderFingerprint, fingerprint_folder
+from .manifest import MANIFEST_NAME
+from .pipeline import RunResult, StepOutcome, run
+from .report import render_markdown
 
 __all__ = [
+    "EXIT",
     "MANIFEST_NAME",
     "STEPS",
     "BadRunInputError",
+    "E2EEnvironmentError",
     "E2EError",
+    "FolderFingerprint",
     "RunConfig",
     "RunResult",
     "StepFailedError",
+    "StepOutcome",
     "__version__",
+    "fingerprint_folder",
+    "render_markdown",
     "run",
     "run_demo",
 ]

@@ -2,21 +2,41 @@
 
 stdout carries only what a shell consumes: ``export MODEL_PATH=...`` and, last,
 ``export PYPTO_REPORT=<report.md>`` (or one JSON object with ``--json``); progress and
-the human report go to stderr.
+the human report go to stderr. Everything printed passes the project's redaction.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
+from typing import Any, ClassVar, NoReturn
+
+from pypto_common import configure_cli_logging, export_line, redact, redact_argv, redact_obj
 
 from . import __version__
-from .pipeline import STEPS, BadRunInputError, E2EError, RunConfig, RunResult, run
+from .config import STEPS, RunConfig
+from .errors import EXIT, BadRunInputError, E2EError
+from .pipeline import RunResult, run
 
-EXIT_ARM_FAILED = 1
+#: Loggers whose INFO lines are this tool's own; every other library stays at WARNING
+#: unless -v (a hub client's "HTTP Request: GET ..." per file buried the step lines).
+OWN_LOGGERS = ("pypto_e2e",)
+
+# Bench flags e2e defines itself: the model folder comes from the download/patch steps,
+# the report goes into the work dir, and remote code is decided by the patch step.
+_BENCH_FLAGS_OWNED_HERE = ("model_path", "report_file", "trust_remote_code")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose one-line usage errors are redacted (they echo argument values)."""
+
+    secrets: ClassVar[list[str]] = []
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT.USAGE, f"{self.prog}: error: {redact(message, self.secrets)}\n")
 
 
 def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
@@ -35,38 +55,24 @@ def _steps(value: str | None) -> tuple[str, ...]:
     return tuple(s.strip() for s in value.split(",") if s.strip()) if value else ()
 
 
-def _add_bench_options(p: argparse.ArgumentParser, *, gen: int, warmup: int) -> None:
-    g = p.add_argument_group("smoke and bench (passed to pypto-bench)")
-    g.add_argument("--device", default="0", help="0 (npu:0, cuda:0 or cpu), cpu, cuda:1, npu:0 ...")
-    g.add_argument(
-        "--regime", default="decode", choices=("prefill", "decode", "diffusion-generate")
-    )
-    g.add_argument("--arms", default="eager,graph", help="comma list of eager, graph, pypto+graph")
-    g.add_argument(
-        "--fuse", action="store_true", help="also run pypto+graph and compare it with graph"
-    )
-    g.add_argument("--seq", type=int, default=16)
-    g.add_argument("--gen", type=int, default=gen)
-    g.add_argument("--batch", type=int, default=1)
-    g.add_argument("--warmup", type=int, default=warmup)
-    g.add_argument("--iters", type=int, default=3)
-    g.add_argument("--dtype", default="auto")
-    g.add_argument("--graph-backend", default="auto")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--attn-implementation", default=None)
-    g.add_argument("--prompt", default=None, help="smoke-gate prompt")
-    g.add_argument(
-        "--trust-remote-code",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="default: on only when the patch step pinned the model to in-repo code",
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="stdout: one JSON object")
+    p.add_argument("--quiet", action="store_true", help="errors only on stderr")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="also other libraries' INFO logs (hub requests...); -vv for DEBUG",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pypto-e2e", description=__doc__.split("\n")[0])
+    from pypto_bench import add_bench_arguments
+
+    parser = _Parser(prog="pypto-e2e", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="download -> patch -> smoke -> bench -> report (resumable)")
     r.add_argument(
@@ -86,12 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--auto-map", action="append", metavar="KEY=VALUE")
     pa.add_argument("--copy", action="append", metavar="DEST=SOURCE")
     pa.add_argument("--source-root")
-    _add_bench_options(r, gen=128, warmup=2)
+    pa.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let a folder that no preset pins run its own code (default: only the code a "
+        "preset pinned and pypto-patch verified runs)",
+    )
+    g = r.add_argument_group("smoke and bench (pypto-bench's flags)")
+    add_bench_arguments(g, exclude=_BENCH_FLAGS_OWNED_HERE)
+    g.add_argument(
+        "--fuse", action="store_true", help="also run pypto+graph and compare it with graph"
+    )
+    g.add_argument("--prompt", default=None, help="smoke-gate prompt")
     f = r.add_argument_group("flow")
     f.add_argument("--skip", help=f"comma list of steps to skip ({', '.join(STEPS)})")
     f.add_argument("--from", dest="from_step", choices=STEPS, help="re-run from this step on")
-    r.add_argument("--json", action="store_true", help="stdout: one JSON object")
-    r.add_argument("--quiet", action="store_true")
+    _add_output_options(r)
 
     dm = sub.add_parser("demo", help="the whole workflow offline on the embedded demo model (CPU)")
     dm.add_argument(
@@ -100,87 +116,106 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--gen", type=int, default=64)
     dm.add_argument("--iters", type=int, default=3)
     dm.add_argument("--from", dest="from_step", choices=STEPS)
-    dm.add_argument("--json", action="store_true")
-    dm.add_argument("--quiet", action="store_true")
+    _add_output_options(dm)
     return parser
 
 
-def _emit(result: RunResult, args: argparse.Namespace) -> None:
+def run_config_from_args(args: argparse.Namespace, command_line: list[str]) -> RunConfig:
+    """The RunConfig a parsed ``run`` command line asks for."""
+    from pypto_bench import bench_config_from_args
+
+    return RunConfig(
+        work_dir=args.work_dir,
+        model_id=args.model_id,
+        model_path=args.model_path,
+        revision=args.revision,
+        token=args.token,
+        endpoint=args.endpoint,
+        allow_patterns=args.allow_patterns,
+        ignore_patterns=args.ignore_patterns,
+        max_workers=args.max_workers,
+        family=args.family,
+        auto_map=_pairs(args.auto_map, "--auto-map"),
+        copies=_pairs(args.copy, "--copy"),
+        source_root=args.source_root,
+        bench=bench_config_from_args(args),
+        prompt=args.prompt,
+        trust_remote_code=args.trust_remote_code,
+        fuse=args.fuse,
+        skip=_steps(args.skip),
+        from_step=args.from_step,
+        command_line=command_line,
+    )
+
+
+def _emit(result: RunResult, args: argparse.Namespace, secrets: list[str]) -> None:
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(redact_obj(result.to_dict(), secrets), indent=2))
         return
     if result.report_markdown and not args.quiet:
         sys.stderr.write("\n" + result.report_markdown.read_text() + "\n")
     if result.model_path:
-        print(f"export MODEL_PATH={result.model_path}")
+        print(export_line("MODEL_PATH", result.model_path))
     if result.report_markdown:
-        print(f"export PYPTO_REPORT={result.report_markdown}")
+        print(export_line("PYPTO_REPORT", result.report_markdown))
+
+
+def _argv_secrets(argv: list[str]) -> list[str]:
+    """Values the redaction masks in the raw command line (``--token X``, URL passwords)."""
+    masked = redact_argv(argv)
+    found = []
+    for raw, shown in zip(argv, masked, strict=True):
+        if raw != shown:
+            found.append(raw.partition("=")[2] if raw.startswith("--") and "=" in raw else raw)
+    return found
+
+
+def _fail(err: E2EError, args: argparse.Namespace, secrets: list[str]) -> int:
+    print(f"pypto-e2e: error: {redact(str(err), secrets)}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": err.to_dict(secrets)}, indent=2))
+    return err.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
-        format="%(message)s",
-        stream=sys.stderr,
-    )
-    say = (
-        (lambda _msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    )
+    raw = list(sys.argv[1:] if argv is None else argv)
+    secrets = _argv_secrets(raw)
+    _Parser.secrets = secrets
+    args = build_parser().parse_args(raw)
+    command_line = redact_argv(["pypto-e2e", *raw], secrets)
+    verbosity = -1 if args.quiet else args.verbose
+    configure_cli_logging(OWN_LOGGERS, verbosity, secrets=[*secrets, getattr(args, "token", None)])
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(redact(msg, secrets), file=sys.stderr, flush=True)
+
     try:
         if args.command == "demo":
             from .demo import run_demo
 
-            overrides = {"gen": args.gen, "iters": args.iters, "from_step": args.from_step}
-            overrides["command_line"] = ["pypto-e2e", *(argv if argv is not None else sys.argv[1:])]
+            overrides: dict[str, Any] = {
+                "gen": args.gen,
+                "iters": args.iters,
+                "from_step": args.from_step,
+                "command_line": command_line,
+            }
             result = run_demo(args.work_dir, progress=say, **overrides)
         else:
-            config = RunConfig(
-                work_dir=args.work_dir,
-                model_id=args.model_id,
-                model_path=args.model_path,
-                revision=args.revision,
-                token=args.token,
-                endpoint=args.endpoint,
-                allow_patterns=args.allow_patterns,
-                ignore_patterns=args.ignore_patterns,
-                max_workers=args.max_workers,
-                family=args.family,
-                auto_map=_pairs(args.auto_map, "--auto-map"),
-                copies=_pairs(args.copy, "--copy"),
-                source_root=args.source_root,
-                device=args.device,
-                prompt=args.prompt,
-                trust_remote_code=args.trust_remote_code,
-                regime=args.regime,
-                arms=tuple(a.strip() for a in args.arms.split(",") if a.strip()),
-                fuse=args.fuse,
-                seq=args.seq,
-                gen=args.gen,
-                batch=args.batch,
-                warmup=args.warmup,
-                iters=args.iters,
-                dtype=args.dtype,
-                graph_backend=args.graph_backend,
-                seed=args.seed,
-                attn_implementation=args.attn_implementation,
-                skip=_steps(args.skip),
-                from_step=args.from_step,
-                command_line=["pypto-e2e", *(argv if argv is not None else sys.argv[1:])],
-            )
+            config = run_config_from_args(args, command_line)
+            secrets = [*secrets, *config.secrets()]
             result = run(config, progress=say)
     except E2EError as err:
-        print(f"pypto-e2e: error: {err}", file=sys.stderr)
-        return err.exit_code
+        return _fail(err, args, secrets)
     except KeyboardInterrupt:
         print("pypto-e2e: interrupted: re-run the same command to resume", file=sys.stderr)
         return 130
-    _emit(result, args)
+    _emit(result, args, secrets)
     if result.failed_arms:
         print(
             f"pypto-e2e: error: arm(s) failed in the bench step: {', '.join(result.failed_arms)} "
             "(the report records why)",
             file=sys.stderr,
         )
-        return EXIT_ARM_FAILED
-    return 0
+        return EXIT.ARM_FAILED
+    return EXIT.OK

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from .pipeline import RunConfig, RunResult, run
+from .config import RunConfig
+from .errors import E2EEnvironmentError
+from .pipeline import RunResult, run
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ def demo_config(work_dir: str | os.PathLike[str], endpoint: str, **overrides: ob
         "dtype": "float32",
     }
     values.update(overrides)
-    return RunConfig(**values)  # type: ignore[arg-type]
+    return RunConfig.from_flat(**values)
 
 
 def run_demo(
@@ -60,8 +62,18 @@ def run_demo(
     progress: Callable[[str], None] | None = None,
     **overrides: object,
 ) -> RunResult:
-    """Serve the embedded model from a local hub and run the workflow against it."""
-    from pypto_testing.hub import LocalHub
+    """Serve the embedded model from a local hub and run the workflow against it.
+
+    The hub is pypto-testing's, an optional extra (``pypto-e2e[demo]``): library code
+    does not depend on test helpers, so without it the demo says what to install.
+    """
+    try:
+        from pypto_testing.hub import LocalHub
+    except ImportError as err:
+        raise E2EEnvironmentError(
+            "the demo serves its model from pypto-testing's local hub, which is not "
+            "installed: pip install 'pypto-e2e[demo]'"
+        ) from err
 
     work_dir = work_dir or os.environ.get("PYPTO_DEMO_WORKDIR") or DEFAULT_WORK_DIR
     with LocalHub() as hub:

@@ -1,0 +1,187 @@
+"""What a run depends on, and the checks that reject a bad request before any step runs.
+
+The bench settings are pypto-bench's own :class:`~pypto_bench.BenchConfig`, not a copy:
+when e2e copied the fields, a flag added to the bench never reached e2e and a run "with
+the same flags" measured something else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pypto_bench import BenchConfig
+
+from .errors import BadRunInputError, cause_of
+
+STEPS = ("download", "patch", "smoke", "bench", "report")
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on. ``token`` is never written anywhere.
+
+    ``trust_remote_code`` is the user's explicit permission to run a model folder's own
+    code as it came from the hub. Without it, remote code runs only after the patch step
+    pinned the folder to a preset and pypto-patch verified the pin.
+    """
+
+    work_dir: str | os.PathLike[str]
+    model_id: str | None = None
+    model_path: str | None = None  # with --skip download: an existing folder
+    # download
+    revision: str | None = None
+    token: str | None = None
+    endpoint: str | None = None
+    allow_patterns: list[str] | None = None
+    ignore_patterns: list[str] | None = None
+    max_workers: int = 8
+    # patch
+    family: str | None = None
+    auto_map: dict[str, str] = field(default_factory=dict)
+    copies: dict[str, str] = field(default_factory=dict)
+    source_root: str | None = None
+    # smoke + bench: the bench's own configuration (its model_path, report_file and
+    # trust_remote_code are set by the run, step by step)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    prompt: str | None = None
+    trust_remote_code: bool = False
+    fuse: bool = False
+    # flow control
+    skip: tuple[str, ...] = ()
+    from_step: str | None = None
+    command_line: list[str] | None = None
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> RunConfig:
+        """A RunConfig from one flat set of settings: BenchConfig fields go into ``bench``.
+
+        Why: the demo and scripts name a handful of settings (``gen``, ``family``...)
+        without caring which of the two configurations owns each one.
+        """
+        bench_fields = set(BenchConfig.__dataclass_fields__)
+        run_fields = set(cls.__dataclass_fields__) - {"bench"}
+        unknown = sorted(set(values) - bench_fields - run_fields)
+        if unknown:
+            raise TypeError(f"not a RunConfig or BenchConfig field: {', '.join(unknown)}")
+        bench = {k: v for k, v in values.items() if k in bench_fields and k not in run_fields}
+        if "arms" in bench:
+            bench["arms"] = tuple(bench["arms"])
+        run = {k: v for k, v in values.items() if k in run_fields}
+        return cls(bench=BenchConfig(**bench), **run)
+
+    @property
+    def effective_arms(self) -> tuple[str, ...]:
+        """With ``fuse`` the pypto+graph arm runs in the same bench run as the others,
+        so the before/after ratio is measured side by side, not across runs."""
+        arms = tuple(self.bench.arms)
+        if self.fuse:
+            if "graph" not in arms:
+                arms += ("graph",)
+            if "pypto+graph" not in arms:
+                arms += ("pypto+graph",)
+        return arms
+
+    def secrets(self) -> list[str]:
+        """Strings that must never be printed or written: the token, endpoint credentials."""
+        found = [self.token] if self.token else []
+        if self.endpoint:
+            try:
+                parts = urlsplit(self.endpoint)
+                found += [p for p in (parts.password, parts.username) if p]
+            except ValueError:
+                pass
+        return found
+
+    def bench_config(
+        self,
+        *,
+        model_path: str | None,
+        report_file: str | None,
+        trust_remote_code: bool = False,
+        command_line: list[str] | None = None,
+    ) -> BenchConfig:
+        """The pypto-bench configuration this run's bench step uses."""
+        return replace(
+            self.bench,
+            model_path=model_path,
+            report_file=report_file,
+            trust_remote_code=trust_remote_code,
+            arms=self.effective_arms,
+            command_line=command_line,
+        )
+
+    def validate(self) -> None:
+        """Reject a bad request with a one-line error before anything is written."""
+        for step in self.skip:
+            if step not in STEPS:
+                raise BadRunInputError(
+                    f"unknown step {step!r} in --skip: choose from {', '.join(STEPS)}"
+                )
+        if self.from_step is not None and self.from_step not in STEPS:
+            raise BadRunInputError(
+                f"unknown step {self.from_step!r} in --from: choose from {', '.join(STEPS)}"
+            )
+        if self.from_step in self.skip:
+            raise BadRunInputError(
+                f"--from {self.from_step} names a step that --skip skips: drop one of them"
+            )
+        if "download" in self.skip:
+            if not self.model_path:
+                raise BadRunInputError(
+                    "--skip download needs --model-path DIR (the folder to use instead)"
+                )
+        elif not self.model_id:
+            raise BadRunInputError(
+                "--model-id ORG/REPO is required (or --skip download --model-path DIR)"
+            )
+        else:
+            self._validate_download()
+        if self.family and (self.auto_map or self.copies):
+            raise BadRunInputError(
+                "--family and --auto-map/--copy are exclusive: use a preset or custom mode"
+            )
+        if self.family and "patch" not in self.skip:
+            self._validate_family()
+        if self.fuse and "bench" in self.skip:
+            raise BadRunInputError("--fuse measures in the bench step, which --skip bench skips")
+        wd = Path(self.work_dir).expanduser()
+        if wd.exists() and not wd.is_dir():
+            raise BadRunInputError(f"work dir {wd} is a file: pass a directory path to --work-dir")
+        if "bench" not in self.skip:
+            # Bench flags are checked before any step runs, so a typo in --arms does not
+            # surface only after a long download.
+            from pypto_bench import BadInputError
+
+            try:
+                self.bench_config(model_path=None, report_file=None).validate()
+            except BadInputError as err:
+                raise BadRunInputError(
+                    str(err), cause=cause_of("pypto-bench", "pypto_bench", err.exit_code)
+                ) from err
+
+    def _validate_download(self) -> None:
+        from pypto_download import DownloadError, resolve_endpoint, validate_model_id
+
+        assert self.model_id is not None
+        try:
+            validate_model_id(self.model_id)
+            resolve_endpoint(self.endpoint)
+        except DownloadError as err:
+            raise BadRunInputError(
+                str(err), cause=cause_of("pypto-download", "pypto_download", err.exit_code)
+            ) from err
+
+    def _validate_family(self) -> None:
+        from pypto_patch import PatchError, get_preset
+
+        assert self.family is not None
+        try:
+            get_preset(self.family)
+        except PatchError as err:
+            raise BadRunInputError(
+                str(err), cause=cause_of("pypto-patch", "pypto_patch", err.exit_code)
+            ) from err

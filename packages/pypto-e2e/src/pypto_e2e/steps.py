@@ -1,0 +1,343 @@
+"""The five steps, each a library call into the package that owns the work.
+
+A step returns ``(outputs, note)``; the orchestration in :mod:`pypto_e2e.pipeline`
+records it. Typed errors of the step tools become :class:`StepFailedError` with the
+e2e code of the step and the tool's own code as ``cause``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pypto_common import atomic_write_text, redact
+
+from .errors import EXIT, STEP_TOOLS, StepFailedError, cause_of, e2e_code_for
+from .report import render_markdown, write_plot
+
+if TYPE_CHECKING:
+    from .pipeline import RunState
+
+log = logging.getLogger(__name__)
+
+StepResult = tuple[dict[str, Any], str]
+
+
+def step_failure(step: str, err: BaseException, *, resume: str = "") -> StepFailedError:
+    """A step tool's typed error as the e2e failure of ``step`` (its code kept as cause)."""
+    tool, module = STEP_TOOLS[step]
+    code = getattr(err, "exit_code", None)
+    code = code if isinstance(code, int) else None
+    message = " ".join(str(err).split()) or type(err).__name__
+    return StepFailedError(
+        step,
+        message,
+        exit_code=e2e_code_for(step, code),
+        resume=resume,
+        cause=cause_of(tool, module, code),
+    )
+
+
+# --------------------------------------------------------------------------- download
+
+
+def do_download(state: RunState) -> StepResult:
+    from pypto_download import DownloadError, download
+
+    c = state.config
+    target = state.work_dir / "model"
+    assert c.model_id is not None  # validate() guarantees it
+    try:
+        path = download(
+            c.model_id,
+            target,
+            revision=c.revision,
+            token=c.token,
+            allow_patterns=c.allow_patterns,
+            ignore_patterns=c.ignore_patterns,
+            endpoint=c.endpoint,
+            max_workers=c.max_workers,
+        )
+    except DownloadError as err:
+        raise step_failure("download", err) from err
+    folder = Path(path).resolve()
+    return {
+        "model_path": str(folder),
+        "folder": state.folder_fingerprint(folder).summary(),
+    }, f"{c.model_id} -> {folder}"
+
+
+# --------------------------------------------------------------------------- patch
+
+
+def remote_code_entries(folder: Path) -> list[dict[str, Any]]:
+    """Every way the folder makes transformers import its own code with trust_remote_code.
+
+    ``auto_map`` objects at any depth of the files pypto-patch names
+    (``AUTO_MAP_FILES``; processor_config.json nests one per sub-processor),
+    ``custom_pipelines`` in config.json, and the files transformers runs without any
+    entry (``REMOTE_CODE_FILES``, e.g. ``custom_generate/generate.py``).
+    """
+    from pypto_patch import AUTO_MAP_FILES, REMOTE_CODE_FILES
+
+    found: list[dict[str, Any]] = []
+    for name in AUTO_MAP_FILES:
+        try:
+            doc = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        stack: list[tuple[Any, str]] = [(doc, "")]
+        while stack:  # no recursion: the document comes from a stranger's repo
+            node, where = stack.pop()
+            if isinstance(node, list):
+                stack.extend((v, f"{where}/{i}") for i, v in enumerate(node))
+            if not isinstance(node, dict):
+                continue
+            for key, value in node.items():
+                at = f"{where}/{key}" if where else str(key)
+                if key == "auto_map" or (name == "config.json" and at == "custom_pipelines"):
+                    entries = value.items() if isinstance(value, dict) else [(None, value)]
+                    found += [
+                        {"file": name, "at": at, "key": str(k), "value": v} for k, v in entries
+                    ]
+                else:
+                    stack.append((value, at))
+    for rel in REMOTE_CODE_FILES:
+        if (folder / rel).is_file():
+            found.append({"file": rel, "at": "", "key": "(runs on load)", "value": None})
+    return sorted(found, key=lambda e: (e["file"], e["at"], e["key"]))
+
+
+def _entries_text(entries: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{e.get('file')}:{e.get('key')}" for e in entries)
+
+
+def do_patch(state: RunState) -> StepResult:
+    from pypto_patch import PatchError, apply
+
+    c = state.config
+    source_text = state.outputs.get("download", {}).get("model_path") or c.model_path
+    if source_text is None:
+        raise StepFailedError(
+            "patch",
+            "no model folder to patch: the download step was skipped without --model-path",
+            exit_code=EXIT.USAGE,
+        )
+    source = Path(source_text).expanduser().resolve()
+    if not (c.family or c.auto_map or c.copies):
+        remote = remote_code_entries(source)
+        if not remote:
+            return {"not_needed": True}, "model needs no pinning: it names no code of its own"
+        if c.trust_remote_code:
+            return {"not_needed": True, "remote_code": remote}, (
+                f"not pinned: the folder's own code ({_entries_text(remote)}) runs because "
+                "--trust-remote-code was given"
+            )
+        raise StepFailedError(
+            "patch",
+            f"the model ships its own code ({_entries_text(remote)}) and no preset pins it",
+            exit_code=EXIT.REMOTE_CODE_REFUSED,
+            resume="pass --family F (see `pypto-patch list`) or --auto-map/--copy to pin it, "
+            "or --trust-remote-code if you trust that code",
+        )
+    # An overlay keeps the downloaded folder byte-identical to the hub, so a re-run's
+    # integrity check never sees our edits as corruption.
+    overlay = state.work_dir / "patched"
+    try:
+        result = apply(
+            source,
+            family=c.family,
+            auto_map=c.auto_map or None,
+            copies=c.copies or None,
+            source_root=c.source_root,
+            output_dir=overlay,
+            # e2e owns WORK/patched: an earlier overlay there (ours) is rebuilt, and
+            # hand edits in it are discarded rather than trusted.
+            force=True,
+            replace_overlay=True,
+        )
+    except PatchError as err:
+        raise step_failure("patch", err) from err
+    model_path = Path(result.model_path or overlay).resolve()
+    verify_pin(model_path, step="patch")
+    removed = [
+        {
+            "file": str(e.get("file")),
+            "at": str(e.get("at") or ""),
+            "key": str(e.get("key")),
+            "value": e.get("value"),
+        }
+        for e in result.removed_auto_map
+    ]
+    label = c.family or "custom auto_map"
+    if removed:
+        state.say(
+            f"[patch] removed the repo's own code entries (they never run): {_entries_text(removed)}"
+        )
+    return {
+        "model_path": str(model_path),
+        "auto_map": dict(result.auto_map),
+        "removed_auto_map": removed,
+        "preset": label,
+        "pinned": True,
+        "folder": state.folder_fingerprint(model_path).summary(),
+    }, f"pinned to {label}" + (f"; removed {len(removed)} repo code entries" if removed else "")
+
+
+def verify_pin(folder: Path, *, step: str) -> None:
+    """pypto-patch's check that every auto_map entry resolves to the preset's shims.
+
+    Run right before anything loads with ``trust_remote_code=True`` on the strength of
+    the pin, so only the reviewed shims can run, never code the repo shipped.
+    """
+    from pypto_patch import PatchError, verify_pinned
+
+    try:
+        verify_pinned(folder)
+    except PatchError as err:
+        raise StepFailedError(
+            step,
+            f"the pinned folder {folder} failed pypto-patch's verification, so its code is "
+            f"not run: {' '.join(str(err).split())}",
+            exit_code=EXIT.PATCH_FAILED,
+            resume="re-run with --from patch to pin it afresh",
+            cause=cause_of("pypto-patch", "pypto_patch", err.exit_code),
+        ) from err
+
+
+# --------------------------------------------------------------------------- smoke
+
+
+def do_smoke(state: RunState) -> StepResult:
+    from pypto_bench import BenchError, smoke
+
+    c = state.config
+    trust = state.trust_for_load("smoke")
+    kwargs: dict[str, Any] = {
+        "device": c.bench.device,
+        "dtype": c.bench.dtype,
+        "trust_remote_code": trust,
+        "attn_implementation": c.bench.attn_implementation,
+    }
+    if c.prompt:
+        kwargs["prompt"] = c.prompt
+    try:
+        result = smoke(state.model_path(), **kwargs)
+    except BenchError as err:
+        raise step_failure("smoke", err) from err
+    data = result.to_dict()
+    if not result.passed:
+        reason = result.reason or "smoke gate failed"
+        hint = "fix the model or its pinning, then re-run the same command"
+        if result.stage in ("check", "coherence") and "--skip smoke" not in reason:
+            hint = (
+                "random weights cannot pass this gate: pass --skip smoke for a throughput-only "
+                "run; else " + hint
+            )
+        raise StepFailedError(
+            "smoke",
+            f"{reason} (eager must work before anything is measured)",
+            exit_code=EXIT.SMOKE_FAILED,
+            resume=hint,
+            cause=cause_of("pypto-bench", "pypto_bench", result.exit_code),
+        )
+    return {"result": data}, f"{data.get('text', '')!r} (coherence {data.get('coherence')})"
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def _bench_progress(say: Callable[[str], None]) -> Callable[[str, int, int], None]:
+    def progress(arm: str, done: int, total: int) -> None:
+        if done == total:
+            say(f"[bench] arm {arm}: {done}/{total} iterations")
+
+    return progress
+
+
+def do_bench(state: RunState) -> StepResult:
+    from pypto_bench import BenchError, run_bench
+
+    trust = state.trust_for_load("bench")
+    report_dir = state.work_dir / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    report_json = report_dir / "bench.json"
+    bench_config = state.config.bench_config(
+        model_path=str(state.model_path()),
+        report_file=str(report_json),
+        trust_remote_code=trust,
+        command_line=state.command_line,
+    )
+    try:
+        report = run_bench(bench_config, progress=_bench_progress(state.say))
+    except BenchError as err:
+        failure = step_failure("bench", err)
+        if err.exit_code == _bench_code("REPORT_UNWRITTEN"):
+            failure.exit_code = EXIT.REPORT_FAILED
+        raise failure from err
+    written = Path(getattr(report, "written_to", None) or report_json)
+    note = ""
+    if written.resolve() != report_json.resolve():
+        note = f"the report could not be written to {report_json}; it was saved to {written}"
+        state.say(f"[bench] {note}")
+    failed = list(report.failed_arms)
+    summary = f"arms failed: {', '.join(failed)}" if failed else "all arms ok"
+    outputs = {
+        "report_json": str(written),
+        # What the report step renders from: a new measurement re-renders it.
+        "report_sha256": hashlib.sha256(written.read_bytes()).hexdigest(),
+        "failed_arms": failed,
+    }
+    return outputs, (f"{summary}; {note}" if note else summary)
+
+
+def _bench_code(name: str) -> int | None:
+    """pypto-bench's exit code called ``name`` (None when its table has no such code)."""
+    from pypto_bench import EXIT as BENCH_EXIT
+
+    try:
+        return int(getattr(BENCH_EXIT, name))
+    except AttributeError:
+        return None
+
+
+# --------------------------------------------------------------------------- report
+
+
+def do_report(state: RunState) -> StepResult:
+    from pypto_bench import BenchError, load_report
+
+    bench = state.outputs.get("bench", {})
+    if not bench.get("report_json"):
+        return {"not_needed": True}, "no bench report to render (bench skipped)"
+    report_json = Path(bench["report_json"])
+    try:
+        data = load_report(report_json)
+    except BenchError as err:
+        raise step_failure("report", err) from err
+    report_dir = state.work_dir / "report"
+    markdown = report_dir / "report.md"
+    plot = report_dir / "tokens_per_s.png"
+    smoke_result = state.outputs.get("smoke", {}).get("result")
+    text = render_markdown(
+        data, smoke_result, state.config, patch=state.patch_summary(), bench_json=report_json
+    )
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(markdown, redact(text, state.secrets))
+    except OSError as err:
+        raise StepFailedError(
+            "report",
+            f"cannot write {markdown}: {err.strerror or err}; the bench results are safe in "
+            f"{report_json}",
+            exit_code=EXIT.REPORT_FAILED,
+            resume="make the report folder writable, then re-run with --from report",
+        ) from err
+    outputs: dict[str, Any] = {"report_json": str(report_json), "report_markdown": str(markdown)}
+    if write_plot(data, plot):
+        outputs["plot"] = str(plot)
+    return outputs, f"wrote {markdown}"
