@@ -6,10 +6,12 @@ import json
 import shlex
 from pathlib import Path
 
+from pypto_patch import EXIT
+
 
 def test_bare_form_prints_only_the_export_line(hf_folder: Path, run_cli, tmp_path: Path):
     p = run_cli("--model-family", "tinytest", "--model-path", str(hf_folder))
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == EXIT.OK, p.stderr
     assert p.stdout.splitlines() == [f"export MODEL_PATH={shlex.quote(str(hf_folder))}"]
     assert "applied: tinytest" in p.stderr
 
@@ -24,7 +26,7 @@ def test_relative_model_path_exports_absolute_path(hf_folder: Path, run_cli):
 
 def test_json_status_restore_list(hf_folder: Path, run_cli):
     p = run_cli("status", "--model-path", str(hf_folder), "--json")
-    assert p.returncode == 10
+    assert p.returncode == EXIT.NOT_PATCHED
     assert json.loads(p.stdout)["patched"] is False
     p = run_cli("apply", "--model-family", "tinytest", "--model-path", str(hf_folder), "--json")
     doc = json.loads(p.stdout)
@@ -35,10 +37,10 @@ def test_json_status_restore_list(hf_folder: Path, run_cli):
     assert json.loads(p.stdout)["intact"] is True
     (hf_folder / "modeling_tinytest.py").write_text("# edited")
     p = run_cli("status", "--model-path", str(hf_folder))
-    assert p.returncode == 11
+    assert p.returncode == EXIT.MODIFIED
     assert "changed since: modeling_tinytest.py" in p.stderr
     p = run_cli("restore", "--model-path", str(hf_folder))
-    assert p.returncode == 11
+    assert p.returncode == EXIT.MODIFIED
     assert p.stderr.count("\n") == 1
     assert "--force" in p.stderr
     p = run_cli("restore", "--model-path", str(hf_folder), "--force", "--json")
@@ -73,8 +75,16 @@ def test_custom_mode_and_dry_run(hf_folder: Path, run_cli, tmp_path: Path):
 
 def test_errors_are_one_line_with_exit_codes(hf_folder: Path, run_cli, tmp_path: Path):
     cases = [
-        (["--model-family", "nope", "--model-path", str(hf_folder)], 2, "tinytest, tinytest_alt"),
-        (["--model-family", "tinytest", "--model-path", str(tmp_path / "x")], 2, "does not exist"),
+        (
+            ["--model-family", "nope", "--model-path", str(hf_folder)],
+            EXIT.UNKNOWN_FAMILY,
+            "tinytest, tinytest_alt",
+        ),
+        (
+            ["--model-family", "tinytest", "--model-path", str(tmp_path / "x")],
+            EXIT.USAGE,
+            "does not exist",
+        ),
         (
             [
                 "--model-family",
@@ -84,21 +94,75 @@ def test_errors_are_one_line_with_exit_codes(hf_folder: Path, run_cli, tmp_path:
                 "--model-path",
                 str(hf_folder),
             ],
-            2,
+            EXIT.USAGE,
             "not both",
         ),
-        (["--auto-map", "oops", "--model-path", str(hf_folder)], 2, "KEY=VALUE"),
-        (["restore", "--model-path", str(hf_folder)], 10, "not patched"),
-        (["apply"], 2, "--model-path"),
+        (["--auto-map", "oops", "--model-path", str(hf_folder)], EXIT.USAGE, "KEY=VALUE"),
+        (["restore", "--model-path", str(hf_folder)], EXIT.NOT_PATCHED, "not patched"),
+        (["apply"], EXIT.USAGE, "--model-path"),
     ]
     for args, code, needle in cases:
         p = run_cli(*args)
         assert p.returncode == code, (args, p.stderr)
         assert needle in p.stderr, (args, p.stderr)
         assert p.stdout == ""
-        if code != 2 or args[0] != "apply":
+        if code != EXIT.USAGE or args[0] != "apply":
             assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     (hf_folder / "config.json").write_text('{"a": 1,,}')
     p = run_cli("--model-family", "tinytest", "--model-path", str(hf_folder))
-    assert p.returncode == 2
+    assert p.returncode == EXIT.USAGE
     assert "line 1, column 9" in p.stderr
+
+
+def test_deeply_nested_json_is_a_one_line_error(hf_folder: Path, run_cli, snap, tmp_path: Path):
+    """100000 nested lists used to end in a RecursionError traceback."""
+    before_tok = (hf_folder / "tokenizer_config.json").read_bytes()
+    for name in ("config.json", "tokenizer_config.json"):
+        (hf_folder / name).write_text("[" * 100_000 + "]" * 100_000)
+        before = snap(tmp_path)
+        for extra in ([], ["--output-dir", str(tmp_path / "ov")], ["--dry-run"]):
+            p = run_cli("--model-family", "tinytest", "--model-path", str(hf_folder), *extra)
+            assert p.returncode == EXIT.USAGE, p.stderr
+            assert "Traceback" not in p.stderr
+            assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+            assert f"{name} is JSON nested too deeply" in p.stderr
+            assert p.stdout == ""
+            assert snap(tmp_path) == before
+        (hf_folder / name).write_bytes(before_tok if name != "config.json" else b"{}")
+
+
+def test_help_documents_both_meanings_of_force(run_cli):
+    p = run_cli("apply", "--help")
+    assert p.returncode == EXIT.OK
+    text = " ".join(p.stdout.split())
+    assert "--replace-overlay" in text
+    assert "re-pin over an existing pin" in text
+    assert "replace an overlay pypto-patch built earlier" in text
+
+
+def test_overlay_refusal_through_the_cli(hf_folder: Path, run_cli, tmp_path: Path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    args = ["--model-family", "tinytest", "--model-path", str(hf_folder), "--output-dir", str(out)]
+    p = run_cli(*args, "--replace-overlay", "--force")
+    assert p.returncode == EXIT.OVERLAY_REFUSED, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert (out / "keep.txt").read_text() == "mine"
+    out2 = tmp_path / "ov"
+    args2 = [
+        "--model-family",
+        "tinytest",
+        "--model-path",
+        str(hf_folder),
+        "--output-dir",
+        str(out2),
+    ]
+    assert run_cli(*args2).returncode == EXIT.OK
+    args3 = [*args2[:1], "tinytest_alt", *args2[2:]]
+    p = run_cli(*args3)
+    assert p.returncode == EXIT.OVERLAY_REFUSED
+    assert "--replace-overlay" in p.stderr
+    p = run_cli(*args3, "--replace-overlay")
+    assert p.returncode == EXIT.OK, p.stderr
+    assert "the earlier overlay there was replaced" in p.stderr

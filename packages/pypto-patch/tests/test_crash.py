@@ -54,7 +54,7 @@ def test_crash_during_apply(point, recover_with, tmp_path, make_folder, snap, ru
         str(folder),
         env={"PYPTO_PATCH_FAULT": point},
     )
-    assert p.returncode == 99, p.stderr
+    assert p.returncode == pp.EXIT.FAULT_INJECTED, p.stderr
     assert p.stdout == ""
     raw = snap(folder)
     for rel in DATA:
@@ -81,7 +81,7 @@ def test_crash_during_restore(point, tmp_path, make_folder, snap, run_cli, refer
     folder = make_folder(tmp_path / "x" / "m")
     pp.apply(folder, family="tinytest_alt")
     p = run_cli("restore", "--model-path", str(folder), env={"PYPTO_PATCH_FAULT": point})
-    assert p.returncode == 99, p.stderr
+    assert p.returncode == pp.EXIT.FAULT_INJECTED, p.stderr
     raw = snap(folder)
     for rel in DATA:
         assert raw[rel] == original[rel]
@@ -98,10 +98,10 @@ def test_crash_during_overlay_replace(point, tmp_path, make_folder, snap, run_cl
     pp.apply(folder, family="tinytest", output_dir=out)
     first = snap(out)
     p = run_cli(
-        "--model-family", "tinytest_alt", "--model-path", str(folder), "--output-dir", str(out), "--force",
+        "--model-family", "tinytest_alt", "--model-path", str(folder), "--output-dir", str(out), "--replace-overlay",
         env={"PYPTO_PATCH_FAULT": point},
     )  # fmt: skip
-    assert p.returncode == 99, p.stderr
+    assert p.returncode == pp.EXIT.FAULT_INJECTED, p.stderr
     assert snap(folder) == original
     if out.exists():
         assert snap(out) == first  # the old overlay, whole
@@ -112,7 +112,7 @@ def test_crash_during_overlay_replace(point, tmp_path, make_folder, snap, run_cl
         str(folder),
         "--output-dir",
         str(out),
-        "--force",
+        "--replace-overlay",
     )
     assert q.returncode == 0, q.stderr
     assert pp.status(out).family == "tinytest_alt"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,16 +35,22 @@ def _config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
-def test_apply_merges_places_backs_up_and_records(hf_folder: Path, snap):
+def test_apply_pins_places_backs_up_and_records(hf_folder: Path, snap):
     before = snap(hf_folder)
     orig_config = _config(hf_folder)
     res = pp.apply(hf_folder, family="tinytest")
     assert res.action == "applied"
     assert res.mode == "in-place"
     cfg = _config(hf_folder)
-    # merge: preset keys win, the folder's other keys (the tokenizer's) stay
-    assert cfg["auto_map"] == {**orig_config["auto_map"], **TINY_MAP}
-    assert cfg["auto_map"]["AutoTokenizer"] == ["tokenization_remote.RemoteTokenizer", None]
+    # pinned: exactly the preset's auto_map; the repo's tokenizer entry (its own code) is gone
+    assert cfg["auto_map"] == TINY_MAP
+    removed = {
+        "file": "config.json",
+        "at": "auto_map",
+        "key": "AutoTokenizer",
+        "value": ["tokenization_remote.RemoteTokenizer", None],
+    }
+    assert res.removed_auto_map == [removed]
     assert {k: v for k, v in cfg.items() if k != "auto_map"} == {
         k: v for k, v in orig_config.items() if k != "auto_map"
     }
@@ -57,7 +62,10 @@ def test_apply_merges_places_backs_up_and_records(hf_folder: Path, snap):
     assert backups == ["config.json.pypto_orig"]
     assert snap(hf_folder)["config.json.pypto_orig"][1:] == before["config.json"][1:]
     m = pp.read_manifest(hf_folder)
-    assert m["schema_version"] == 1
+    assert m["schema_version"] == 2
+    assert m["removed_auto_map"] == [removed]
+    assert m["folder"]["path"] == str(hf_folder)
+    assert m["folder"]["ino"] == os.stat(hf_folder).st_ino
     assert m["tool"] == "pypto-patch"
     assert m["tool_version"] == pp.__version__
     assert m["preset"]["family"] == "tinytest"
@@ -140,7 +148,7 @@ def test_edited_patched_file_blocks_restore_unless_forced_and_edit_is_kept(hf_fo
     assert not st.intact
     with pytest.raises(ModifiedSincePatchError, match="--force") as ei:
         pp.restore(hf_folder)
-    assert ei.value.exit_code == 11
+    assert ei.value.exit_code == pp.EXIT.MODIFIED
     assert (hf_folder / "modeling_tinytest.py").read_text() == "# my local fix\n"
     # re-applying the same preset on an edited folder refuses too
     with pytest.raises(ModifiedSincePatchError):
@@ -235,6 +243,18 @@ def _bad(tmp_path: Path, make_folder, case: str):
             BadInputError,
             "modeling_nowhere",
         )
+    if case == "deeply nested config":
+        (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+        return folder, kwargs, ConfigError, "nested too deeply"
+    if case == "deeply nested value in config":
+        (folder / "config.json").write_text('{"a": ' + "[" * 500 + "]" * 500 + "}")
+        return folder, kwargs, ConfigError, "nested too deeply"
+    if case == "integer too long":
+        (folder / "config.json").write_text('{"a": ' + "9" * 5000 + "}")
+        return folder, kwargs, ConfigError, "config.json is not usable JSON"
+    if case == "deeply nested tokenizer_config":
+        (folder / "tokenizer_config.json").write_text('{"x": ' + "[" * 100_000 + "}")
+        return folder, kwargs, ConfigError, "tokenizer_config.json is JSON nested too deeply"
     if case == "read-only folder":
         os.chmod(folder, 0o555)
         return folder, kwargs, ReadOnlyFolderError, "read-only"
@@ -266,6 +286,10 @@ BAD_CASES = [
     "auto_map module absent",
     "read-only folder",
     "dest through a symlinked folder",
+    "deeply nested config",
+    "deeply nested value in config",
+    "integer too long",
+    "deeply nested tokenizer_config",
 ]
 
 
@@ -293,7 +317,7 @@ def test_restore_on_never_patched_folder(hf_folder: Path, snap):
     before = snap(hf_folder)
     with pytest.raises(NotPatchedError) as ei:
         pp.restore(hf_folder)
-    assert ei.value.exit_code == 10
+    assert ei.value.exit_code == pp.EXIT.NOT_PATCHED
     assert snap(hf_folder) == before
 
 
@@ -316,8 +340,9 @@ def test_custom_mode_with_relative_paths(tmp_path: Path, make_folder, snap, monk
     assert res.created_dirs == ["sub", "sub/deep"]
     assert (folder / "sub" / "deep" / "helper.py").read_text() == "H = 1\n"
     cfg = _config(folder)
-    assert cfg["auto_map"]["AutoModelForCausalLM"] == "modeling_mine.Mine"
-    assert cfg["auto_map"]["AutoConfig"] == "configuration_remote.RemoteConfig"  # kept
+    # only what the user mapped: the repo's AutoConfig (its own code) left the view
+    assert cfg["auto_map"] == {"AutoModelForCausalLM": "modeling_mine.Mine"}
+    assert {r["key"] for r in res.removed_auto_map} == {"AutoConfig", "AutoTokenizer"}
     assert (
         pp.apply(
             "model",
@@ -384,20 +409,11 @@ def test_concurrent_run_waits_for_the_lock(hf_folder: Path, snap, tmp_path: Path
         before = snap(hf_folder)
         with pytest.raises(LockedError) as ei:
             pp.apply(hf_folder, family="tinytest", lock_timeout=0.3)
-        assert ei.value.exit_code == 12
+        assert ei.value.exit_code == pp.EXIT.LOCKED
         assert snap(hf_folder) == before
     finally:
         holder.wait(timeout=30)
     assert pp.apply(hf_folder, family="tinytest", lock_timeout=5).action == "applied"
-
-
-def test_copytree_of_patched_folder_is_detected_as_patched(hf_folder: Path, tmp_path: Path):
-    pp.apply(hf_folder, family="tinytest")
-    clone = tmp_path / "clone"
-    shutil.copytree(hf_folder, clone, symlinks=True)
-    st = pp.status(clone)
-    assert st.patched
-    assert st.intact
 
 
 def test_bad_second_preset_leaves_the_first_patch_in_place(hf_folder: Path, snap, tmp_path: Path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import pypto_patch as pp
 from pypto_patch import (
     Preset,
     PresetInvalidError,
@@ -51,7 +52,7 @@ def test_unknown_family_lists_known_ones():
         get_preset("nope")
     assert "tinytest" in str(ei.value)
     assert "tinytest_alt" in str(ei.value)
-    assert ei.value.exit_code == 2
+    assert ei.value.exit_code == pp.EXIT.UNKNOWN_FAMILY
 
 
 def _mutate(path: str, value):
@@ -94,6 +95,12 @@ BAD = {
     "config.json as file": _mutate("files.config.json", "{}"),
     "backup name as file": _mutate("files.x.pypto_orig", "x"),
     "non-text content": _mutate("files.modeling_fam.py", 3),
+    "tokenizer_config.json as file": _mutate("files.tokenizer_config.json", "{}"),
+    "processor_config.json as file": _mutate("files.processor_config.json", "{}"),
+    "overlay marker as file": _mutate("files..pypto_patch.overlay.json", "{}"),
+    # a shim importing a module the preset does not place would run the repo's copy
+    "relative import not placed": _mutate("files.modeling_fam.py", "from .helper import X\n"),
+    "relative import upwards": _mutate("files.modeling_fam.py", "from ..evil import X\n"),
 }
 
 
@@ -104,7 +111,14 @@ def test_malformed_preset_gives_one_line_error_naming_origin(case):
     msg = str(ei.value)
     assert "\n" not in msg
     assert "pypto-models-fam" in msg
-    assert ei.value.exit_code == 13
+    assert ei.value.exit_code == pp.EXIT.PRESET_INVALID
+
+
+def test_relative_import_of_a_placed_module_is_allowed():
+    data = copy.deepcopy(GOOD)
+    data["files"]["modeling_fam.py"] = "from .helper_fam import X\n"
+    data["files"]["helper_fam.py"] = "X = 1\n"
+    assert "helper_fam.py" in Preset.from_dict(data).files
 
 
 def test_good_preset_and_fingerprint_tracks_content():

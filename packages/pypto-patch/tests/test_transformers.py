@@ -1,4 +1,5 @@
-"""Against real transformers: the placed class loads, and the cache purge uses its keys.
+"""Against real transformers: the placed class loads, a pinned folder never runs the repo's
+own code, and the cache purge uses transformers' keys.
 
 Loads run in subprocesses: transformers reads HF_MODULES_CACHE once, at import, and
 each test needs its own cache folder.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -170,3 +172,112 @@ def test_modules_cache_location_follows_env(tmp_path: Path):
     assert d({"HF_HOME": "/y"}) == Path("/y/modules")
     assert d({"XDG_CACHE_HOME": "/z"}) == Path("/z/huggingface/modules")
     assert d({}) == Path(os.path.expanduser("~/.cache/huggingface/modules"))
+
+
+EVIL_TOKENIZER = '''"""Stands for a repo's own tokenizer code: importing it is running it."""
+import os
+import pathlib
+
+pathlib.Path(os.environ["PYPTO_EVIL_MARKER"]).write_text("tokenization_evil ran")
+
+from transformers import PreTrainedTokenizerFast
+
+
+class EvilTokenizer(PreTrainedTokenizerFast):
+    pass
+'''
+
+EVIL_GENERATE = '''"""A repo's custom_generate: from_pretrained(trust_remote_code=True) imports it."""
+import os
+import pathlib
+
+pathlib.Path(os.environ["PYPTO_EVIL_MARKER"] + ".generate").write_text("generate ran")
+
+
+def generate(model, *args, **kwargs):
+    raise RuntimeError("the repo's generate ran")
+'''
+
+PINNED_LOAD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import pypto_patch
+    out = {}
+    for path in sys.argv[2:]:
+        if sys.argv[1] == "verify":
+            pypto_patch.verify_pinned(path)  # only then is remote code allowed
+        kw = dict(trust_remote_code=True, local_files_only=True)
+        entry = {}
+        for name, auto in (("tokenizer", AutoTokenizer), ("model", AutoModelForCausalLM)):
+            try:
+                entry[name] = type(auto.from_pretrained(path, **kw)).__name__
+            except Exception as e:
+                entry[name] = "error: " + type(e).__name__
+        out[path] = entry
+    print(json.dumps(out))
+    """
+)
+
+
+def _evil_folder(path: Path) -> Path:
+    folder = models.make_tiny_model(path, arch="llama")
+    (folder / "tokenization_evil.py").write_text(EVIL_TOKENIZER)
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    tok["auto_map"] = {"AutoTokenizer": [None, "tokenization_evil.EvilTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok, indent=2))
+    (folder / "custom_generate").mkdir()
+    (folder / "custom_generate" / "generate.py").write_text(EVIL_GENERATE)
+    return folder
+
+
+def _run_load(mode: str, paths: list[Path], env: dict[str, str], marker: Path) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-c", PINNED_LOAD, mode, *map(str, paths)],
+        capture_output=True, text=True, env={**env, "PYPTO_EVIL_MARKER": str(marker)}, timeout=300,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_pinned_folder_never_runs_the_repos_own_code(tmp_path: Path, cli_env, snap):
+    """The repo's tokenizer auto_map and custom_generate run on load before pinning, never after."""
+    control = _evil_folder(tmp_path / "control" / "m")
+    marker = tmp_path / "control-marker"
+    got = _run_load("plain", [control], cli_env, marker)
+    # the hostile folder is real: unpinned, trust_remote_code runs both pieces of its code
+    assert marker.read_text() == "tokenization_evil ran"
+    assert Path(f"{marker}.generate").read_text() == "generate ran"
+    assert got[str(control)]["tokenizer"] == "EvilTokenizer"
+
+    folder = _evil_folder(tmp_path / "work" / "m")
+    before = snap(folder)
+    overlay = tmp_path / "work" / "pinned"
+    res_overlay = pp.apply(folder, family="tinytest", output_dir=overlay)
+    assert snap(folder) == before
+    inplace = tmp_path / "inplace" / "m"
+    shutil.copytree(folder, inplace, symlinks=True)
+    res_inplace = pp.apply(inplace, family="tinytest")
+    for res in (res_overlay, res_inplace):
+        assert {
+            "file": "tokenizer_config.json",
+            "at": "auto_map",
+            "key": "AutoTokenizer",
+            "value": [None, "tokenization_evil.EvilTokenizer"],
+        } in res.removed_auto_map
+        assert any(
+            c.path == "custom_generate/generate.py" and c.action == "removed" for c in res.changes
+        )
+    marker = tmp_path / "pinned-marker"
+    got = _run_load("verify", [overlay, inplace], cli_env, marker)
+    assert not marker.exists()
+    assert not Path(f"{marker}.generate").exists()
+    for path in (overlay, inplace):
+        # the folder's native tokenizer (transformers' own class), not the repo's
+        assert got[str(path)]["tokenizer"] in ("TokenizersBackend", "PreTrainedTokenizerFast")
+        assert got[str(path)]["model"] == "TinyTestForCausalLM"
+    pp.restore(inplace)
+    assert snap(inplace) == before

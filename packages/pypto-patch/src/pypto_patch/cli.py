@@ -2,25 +2,27 @@
 
 stdout carries only what a shell or a script consumes (``export MODEL_PATH=...`` or,
 with ``--json``, one JSON document); people read stderr. Errors are one line with the
-exit code of their class (see ``pypto_patch.errors``).
+exit code of their class (``pypto_patch.EXIT``), redacted like every pypto tool's output.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import shlex
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from pypto_common import configure_cli_logging, export_line, redact, redact_obj
+
 from . import __version__
 from .core import apply, restore, status
-from .errors import EXIT_BAD_INPUT, EXIT_MODIFIED, EXIT_NOT_PATCHED, PatchError
+from .errors import EXIT, BadInputError, PatchError
 from .presets import discover_presets
+from .verify import verify_pinned
 
-SUBCOMMANDS = ("apply", "restore", "status", "list")
+SUBCOMMANDS = ("apply", "restore", "status", "verify", "list")
 
 
 def _kv(flag: str, text: str) -> tuple[str, str]:
@@ -36,11 +38,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Pin a HuggingFace model folder's auto_map to modeling code this project maintains.",
     )
     p.add_argument("--version", action="version", version=f"pypto-patch {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{apply,restore,status,list}")
+    sub = p.add_subparsers(dest="command", metavar="{apply,restore,status,verify,list}")
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    common.add_argument("-v", "--verbose", action="store_true", help="log progress on stderr")
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more detail on stderr (-v: progress and multi-line messages, -vv: debug)",
+    )
     common.add_argument(
         "--lock-timeout", type=float, default=60.0, help="seconds to wait for another run (60)"
     )
@@ -69,7 +77,15 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--force",
         action="store_true",
-        help="replace a non-empty --output-dir; restore an edited patched folder first, keeping edits aside",
+        help="re-pin over an existing pin whose patched files were edited (in place the edits "
+        "are kept as <name>.pypto_edited; with --replace-overlay, edits inside the old overlay "
+        "are discarded)",
+    )
+    a.add_argument(
+        "--replace-overlay",
+        action="store_true",
+        help="replace an overlay pypto-patch built earlier at --output-dir (recognised by its "
+        "bound marker file); a non-empty folder that is not one is always refused",
     )
     a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
 
@@ -84,9 +100,19 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     s = sub.add_parser(
-        "status", parents=[common], help="is this folder patched, and changed since? (exit 0/10/11)"
+        "status",
+        parents=[common],
+        help="is this folder patched, and changed since? (exit 0, NOT_PATCHED or MODIFIED)",
     )
     s.add_argument("--model-path", required=True)
+
+    v = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="prove every auto_map entry (and other remote-code hook) leads only to placed, "
+        "unchanged code, before loading with trust_remote_code (exit 0 or NOT_PINNED)",
+    )
+    v.add_argument("--model-path", required=True)
 
     sub.add_parser("list", parents=[common], help="installed presets")
     return p
@@ -96,11 +122,24 @@ def _emit(
     args: argparse.Namespace, doc: dict[str, Any], human: str, shell: str | None = None
 ) -> None:
     if args.json:
-        print(json.dumps(doc, indent=2, sort_keys=True))
+        print(json.dumps(redact_obj(doc), indent=2, sort_keys=True))
     elif shell is not None:
         print(shell)
     if human:
-        print(human, file=sys.stderr)
+        print(redact(human), file=sys.stderr)
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    """A JSON value from a stranger's file as one short line."""
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _removed_lines(removed: Sequence[dict[str, Any]]) -> list[str]:
+    return [
+        f"  unpinned  {r['file']} {r['at']}[{_short(r['key'])}] = {_short(r['value'])}"
+        for r in removed
+    ]
 
 
 def _parse_auto_map(items: Sequence[str]) -> dict[str, Any]:
@@ -111,7 +150,7 @@ def _parse_auto_map(items: Sequence[str]) -> dict[str, Any]:
             try:
                 out[key] = json.loads(value)
             except ValueError:
-                raise PatchError(
+                raise BadInputError(
                     f'--auto-map {key}: {value!r} is not a JSON list like ["tok.Slow", null]'
                 ) from None
         else:
@@ -121,6 +160,11 @@ def _parse_auto_map(items: Sequence[str]) -> dict[str, Any]:
 
 def _cmd_apply(args: argparse.Namespace) -> int:
     copies = dict(_kv("--copy", c) for c in args.copy)
+    for path in (args.model_path, args.output_dir):
+        if path is not None and ("\n" in path or "\x00" in path):
+            raise BadInputError(
+                f"{path!r} contains a newline or NUL; the export line could not carry it: rename the folder"
+            )
     res = apply(
         args.model_path,
         family=args.model_family,
@@ -129,12 +173,15 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         source_root=args.source_root,
         output_dir=args.output_dir,
         force=args.force,
+        replace_overlay=args.replace_overlay,
         dry_run=args.dry_run,
         lock_timeout=args.lock_timeout,
     )
     lines = [f"{res.action}: {res.family} {res.preset_version} ({res.mode}) -> {res.model_path}"]
     if res.restored_first:
         lines.append("  the previous patch is restored first")
+    if res.replaced_overlay:
+        lines.append("  the earlier overlay there was replaced")
     for c in res.changes:
         lines.append(
             f"  {c.action:9} {c.path}"
@@ -144,13 +191,15 @@ def _cmd_apply(args: argparse.Namespace) -> int:
         lines.append(f"  mkdir     {d}/")
     for p in res.cache_purged:
         lines.append(f"  purged    {p}")
-    shell = (
-        None
-        if res.action.startswith("dry-run")
-        else f"export MODEL_PATH={shlex.quote(res.model_path)}"
-    )
+    if res.removed_auto_map:
+        lines.append(
+            f"  {len(res.removed_auto_map)} entr{'y' if len(res.removed_auto_map) == 1 else 'ies'} "
+            "pointing at the repo's own code removed from the pinned view:"
+        )
+        lines += _removed_lines(res.removed_auto_map)
+    shell = None if res.action.startswith("dry-run") else export_line("MODEL_PATH", res.model_path)
     _emit(args, res.to_dict(), "\n".join(lines), shell)
-    return 0
+    return EXIT.OK
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
@@ -160,7 +209,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     lines += [f"  removed   {p}" for p in res.removed]
     lines += [f"  kept your edit of {k} as {v}" for k, v in res.kept_aside.items()]
     _emit(args, res.to_dict(), "\n".join(lines))
-    return 0
+    return EXIT.OK
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -171,7 +220,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if st.interrupted
             else ""
         )
-        code = EXIT_NOT_PATCHED
+        code = EXIT.NOT_PATCHED
     else:
         human = f"{st.model_path}: patched ({st.mode}) with {st.family} {st.preset_version} on {st.created_at}"
         if st.source_path and st.mode == "overlay":
@@ -182,9 +231,21 @@ def _cmd_status(args: argparse.Namespace) -> int:
             human += f"; damaged backups: {', '.join(st.backups_damaged)}"
         if st.source_changed:
             human += f"; source files changed since: {', '.join(st.source_changed)}"
-        code = 0 if st.intact else EXIT_MODIFIED
+        if st.removed_auto_map:
+            human += f"; {len(st.removed_auto_map)} auto_map entr{'y' if len(st.removed_auto_map) == 1 else 'ies'} unpinned"
+        code = EXIT.OK if st.intact else EXIT.MODIFIED
     _emit(args, st.to_dict(), human)
     return code
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    res = verify_pinned(args.model_path, lock_timeout=args.lock_timeout)
+    human = (
+        f"pinned: {res.model_path} ({res.mode}, {res.family} {res.preset_version}) reaches only "
+        f"placed code: {', '.join(sorted(res.modules)) or 'no modules'}"
+    )
+    _emit(args, res.to_dict(), human)
+    return EXIT.OK
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -199,7 +260,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     ] or ["no presets installed (install a pypto-models-<family> package)"]
     lines += [f"BROKEN {k}: {v}" for k, v in found.errors.items()]
     _emit(args, doc, "\n".join(lines))
-    return 0
+    return EXIT.OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,30 +272,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed its one-line usage error
-        return int(exc.code or 0) and EXIT_BAD_INPUT
+        return int(exc.code or 0) and EXIT.USAGE
     if args.command is None:
         parser.print_help(sys.stderr)
-        return EXIT_BAD_INPUT
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="pypto-patch: %(message)s"
-    )
+        return EXIT.USAGE
+    configure_cli_logging(["pypto_patch"], args.verbose, fmt="pypto-patch: %(message)s")
     handler = {
         "apply": _cmd_apply,
         "restore": _cmd_restore,
         "status": _cmd_status,
+        "verify": _cmd_verify,
         "list": _cmd_list,
     }[args.command]
     try:
         return handler(args)
     except PatchError as err:
-        print(f"pypto-patch: error: {err}", file=sys.stderr)
+        _error(str(err))
         return err.exit_code
     except argparse.ArgumentTypeError as err:
-        print(f"pypto-patch: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        _error(str(err))
+        return EXIT.USAGE
     except OSError as err:
-        print(
-            f"pypto-patch: error: {err.strerror or err} ({err.filename}); nothing was left half done",
-            file=sys.stderr,
-        )
-        return 1
+        where = f" ({os.fspath(err.filename)})" if err.filename else ""
+        _error(f"{err.strerror or err}{where}; nothing was left half done")
+        return EXIT.FAILED
+    except RecursionError:  # a last guard: every JSON read is depth-limited already
+        _error("input nested too deeply to process; nothing was changed")
+        return EXIT.USAGE
+
+
+def _error(message: str) -> None:
+    print(f"pypto-patch: error: {redact(' '.join(message.split()))}", file=sys.stderr)

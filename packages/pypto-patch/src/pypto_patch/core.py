@@ -11,7 +11,9 @@ is built to be undone:
 * the manifest write is the commit point; an error before it rolls back in process,
   and a crash before it is rolled back by the next apply/restore (which finish an
   interrupted restore instead);
-* an flock on the folder keeps two runs from interleaving.
+* an flock on the folder keeps two runs from interleaving;
+* a manifest or journal found in the folder is acted on only once it is proven to be
+  ours, written for this very folder (see :mod:`pypto_patch.bookkeeping`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,19 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from . import __version__ as TOOL_VERSION
 from . import modcache
+from .bookkeeping import (
+    TOOL,
+    check_journal,
+    check_manifest,
+    folder_identity,
+    read_record,
+)
 from .errors import (
     BadInputError,
     ConfigError,
@@ -52,21 +61,23 @@ from .fsops import (
     sha256_file,
     tmp_path_for,
 )
-from .presets import (
+from .jsonio import JSONUnusable, dumps_config, loads_limited
+from .names import (
+    AUTO_MAP_FILES,
     BACKUP_SUFFIX,
     EDITED_SUFFIX,
     JOURNAL_NAME,
     MANIFEST_NAME,
-    Preset,
-    auto_map_modules,
-    custom_preset,
-    get_preset,
-    normalize_dest,
+    REMOTE_CODE_FILES,
 )
+from .pinning import BadImport, module_closure, pin_document
+from .presets import Preset, auto_map_modules, custom_preset, get_preset, normalize_dest
 
 log = logging.getLogger(__name__)
 
-MANIFEST_SCHEMA_VERSION = 1
+#: 2: records are bound to their folder ("folder"), auto_map files other than
+#: config.json are pinned too, "removed" file actions, "removed_auto_map".
+MANIFEST_SCHEMA_VERSION = 2
 LOCK_TIMEOUT_S = 60.0
 
 #: Named steps where a test can inject a crash (``PYPTO_PATCH_FAULT=<step>``).
@@ -89,25 +100,38 @@ FAULT_POINTS = (
 
 @dataclass
 class FileChange:
-    """One file the patch writes; ``action`` is replaced / created / unchanged."""
+    """One file the patch touches; ``action`` is replaced / created / unchanged / removed.
+
+    ``removed`` takes a file out of the pinned view (the repo's
+    ``custom_generate/generate.py``); its ``patched_sha256`` is None.
+    """
 
     path: str
     action: str
-    patched_sha256: str
+    patched_sha256: str | None
     original_sha256: str | None = None
     original_is_symlink: bool = False
     backup: str | None = None
     mode: int = 0o644
 
+    @classmethod
+    def from_record(cls, entry: Mapping[str, Any]) -> FileChange:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in entry.items() if k in names})
+
 
 @dataclass
 class PatchResult:
-    """What ``apply`` did (or, with dry_run, would do)."""
+    """What ``apply`` did (or, with dry_run, would do).
+
+    ``removed_auto_map`` lists every entry taken out of the pinned view
+    (``{"file", "at", "key", "value"}``): the repo's own code it pointed at cannot run.
+    """
 
     model_path: str
     source_path: str
     mode: str
-    action: str  # applied | unchanged | dry-run
+    action: str  # applied | unchanged | dry-run | dry-run:unchanged
     family: str
     preset_version: str
     changes: list[FileChange] = field(default_factory=list)
@@ -116,6 +140,8 @@ class PatchResult:
     recovered: str | None = None
     cache_purged: list[str] = field(default_factory=list)
     auto_map: dict[str, Any] = field(default_factory=dict)
+    removed_auto_map: list[dict[str, Any]] = field(default_factory=list)
+    replaced_overlay: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,6 +177,7 @@ class StatusResult:
     source_changed: list[str] = field(default_factory=list)
     interrupted: bool = False
     files: list[dict[str, Any]] = field(default_factory=list)
+    removed_auto_map: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def intact(self) -> bool:
@@ -182,23 +209,29 @@ def _resolve_folder(model_path: str | os.PathLike[str]) -> Path:
     return p.resolve()
 
 
+def _load_json_file(path: Path) -> tuple[Any, bytes]:
+    """A JSON file from the model folder; a one-line ConfigError names the file and the fix."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(
+            f"{path} is unreadable ({err.strerror or err}); fix its permissions"
+        ) from None
+    try:
+        return loads_limited(raw), raw
+    except JSONUnusable as err:
+        raise ConfigError(
+            f"{path} is {err}; pypto-patch must read it to pin its auto_map: fix or re-download it"
+        ) from None
+
+
 def _read_config(root: Path) -> tuple[dict[str, Any], bytes]:
     path = root / "config.json"
     if not path.is_file():
         raise ModelFolderError(
             f"{root} has no config.json; point --model-path at the model folder that holds it"
         )
-    raw = path.read_bytes()
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError as err:
-        raise ConfigError(
-            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); re-download it"
-        ) from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(
-            f"{path} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}; fix or re-download it"
-        ) from None
+    data, raw = _load_json_file(path)
     if not isinstance(data, dict):
         raise ConfigError(
             f"{path} holds a JSON {type(data).__name__}, not an object; re-download it"
@@ -209,15 +242,6 @@ def _read_config(root: Path) -> tuple[dict[str, Any], bytes]:
             f"{path}: 'auto_map' is a {type(am).__name__}, not an object; fix it by hand"
         )
     return data, raw
-
-
-def _merged_config_bytes(config: dict[str, Any], auto_map: Mapping[str, Any]) -> bytes:
-    """config.json with the preset's auto_map merged in: preset keys win, the others stay."""
-    merged = dict(config.get("auto_map") or {})
-    merged.update(auto_map)
-    new = dict(config)
-    new["auto_map"] = merged
-    return (json.dumps(new, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 def _is_writable_dir(d: Path) -> bool:
@@ -235,23 +259,31 @@ def _require_writable(d: Path, *, hint: str) -> None:
         raise ReadOnlyFolderError(f"{d} is read-only; {hint}")
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise PatchError(
-            f"{path} is unreadable ({err}); it belongs to pypto-patch: move it away and retry"
-        ) from None
-    if not isinstance(data, dict):
-        raise PatchError(f"{path} is not a pypto-patch record; move it away and retry")
-    return data
+def _manifest(root: Path) -> dict[str, Any] | None:
+    """The folder's manifest, proven to be ours and bound to ``root``; None if absent."""
+    record = root / MANIFEST_NAME
+    doc = read_record(record)
+    if doc is not None:
+        check_manifest(root, doc, record)
+    return doc
+
+
+def _journal(root: Path) -> dict[str, Any] | None:
+    """The folder's journal, proven to be ours and bound to ``root``; None if absent."""
+    record = root / JOURNAL_NAME
+    doc = read_record(record)
+    if doc is not None:
+        check_journal(root, doc, record)
+    return doc
 
 
 def read_manifest(model_path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The manifest of a patched folder, or None."""
-    return _read_json(Path(model_path) / MANIFEST_NAME)
+    """The manifest of a patched folder, or None.
+
+    Raises :class:`UnsafeBookkeepingError` when the folder holds a manifest that was not
+    written by pypto-patch for this very folder (shipped by a repo, or copied along).
+    """
+    return _manifest(Path(model_path).expanduser().resolve())
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
@@ -290,6 +322,13 @@ def _aside_name(path: Path) -> Path:
         cand = path.parent / f"{path.name}{EDITED_SUFFIX}.{n}"
         n += 1
     return cand
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
 
 
 # --------------------------------------------------------------------------- presets
@@ -351,12 +390,27 @@ class _Plan:
     changes: list[FileChange]
     contents: dict[str, bytes]
     created_dirs: list[str]
+    removed_auto_map: list[dict[str, Any]]
+
+    def signature(self) -> set[tuple[str, str, str | None]]:
+        return {(c.path, c.action, c.patched_sha256) for c in self.changes}
+
+
+def _record_signature(files: list[Mapping[str, Any]]) -> set[tuple[str, str, str | None]]:
+    return {(f["path"], f["action"], f.get("patched_sha256")) for f in files}
 
 
 def _plan(
     root: Path, preset: Preset, *, in_place: bool, known_backups: frozenset[str] = frozenset()
 ) -> _Plan:
-    config, _raw = _read_config(root)
+    """Everything apply will change, computed and checked before anything is written.
+
+    Besides placing the preset's files, the plan builds the pinned view: every auto_map
+    in every file transformers reads one from points only at the preset's classes
+    (entries it does not cover are removed and listed), and files transformers would
+    import without an auto_map entry (``custom_generate/generate.py``) are taken out.
+    """
+    config, raw_config = _read_config(root)
     if preset.custom:
         present = {p.name[:-3] for p in root.iterdir() if p.name.endswith(".py")}
         placed = {d[:-3] for d in preset.files if d.endswith(".py") and "/" not in d}
@@ -376,6 +430,30 @@ def _plan(
                     f"{d!r} is placed as a file but {other!r} needs it to be a folder"
                 )
 
+    def check_parents(rel: str, *, creating: bool) -> None:
+        cur = root
+        for part in rel.split("/")[:-1]:
+            cur = cur / part
+            if cur.is_symlink() and in_place:
+                raise UnsafePathError(
+                    f"{cur} is a symbolic link; changing {rel} through it would change files outside the folder; use --output-dir"
+                )
+            if os.path.lexists(cur) and not cur.is_dir():
+                raise UnsafePathError(f"{cur} is a file, but {rel} needs it to be a folder")
+            if creating and not os.path.lexists(cur):
+                rc = cur.relative_to(root).as_posix()
+                if rc not in created_dirs:
+                    created_dirs.append(rc)
+
+    def check_backup_free(rel: str) -> str:
+        backup = f"{rel}{BACKUP_SUFFIX}"
+        if in_place and backup not in known_backups and os.path.lexists(root / backup):
+            raise BadInputError(
+                f"{root / backup} already exists but no pypto-patch manifest records it (left by an older patch script?); "
+                "move it back over the original or away, then retry"
+            )
+        return backup
+
     def add(rel: str, data: bytes) -> None:
         path = root / rel
         contents[rel] = data
@@ -389,12 +467,7 @@ def _plan(
                     FileChange(rel, "unchanged", cur, cur, is_link, None, file_mode(path))
                 )
                 return
-            backup = f"{rel}{BACKUP_SUFFIX}"
-            if in_place and backup not in known_backups and os.path.lexists(root / backup):
-                raise BadInputError(
-                    f"{root / backup} already exists but no pypto-patch manifest records it (left by an older patch script?); "
-                    "move it back over the original or away, then retry"
-                )
+            backup = check_backup_free(rel)
             changes.append(
                 FileChange(
                     rel,
@@ -409,40 +482,96 @@ def _plan(
         else:
             changes.append(FileChange(rel, "created", sha256_bytes(data), mode=new_file_mode()))
 
+    # 1. Files transformers runs without being named by an auto_map: out of the view.
+    for rel in REMOTE_CODE_FILES:
+        path = root / rel
+        if rel in preset.files or not path.is_file():
+            continue
+        check_parents(rel, creating=False)
+        backup = check_backup_free(rel)
+        changes.append(
+            FileChange(
+                rel,
+                "removed",
+                None,
+                _sha_or_none(path),
+                path.is_symlink(),
+                backup if in_place else None,
+                file_mode(path),
+            )
+        )
+    # 2. The preset's files.
     for rel in dests:
-        parts = rel.split("/")
-        cur = root
-        for part in parts[:-1]:
-            cur = cur / part
-            if cur.is_symlink() and in_place:
-                raise UnsafePathError(
-                    f"{cur} is a symbolic link; writing {rel} through it would change files outside the folder; use --output-dir"
-                )
-            if os.path.lexists(cur) and not cur.is_dir():
-                raise UnsafePathError(f"{cur} is a file, but {rel} needs it to be a folder")
-            if not os.path.lexists(cur):
-                rc = cur.relative_to(root).as_posix()
-                if rc not in created_dirs:
-                    created_dirs.append(rc)
+        check_parents(rel, creating=True)
         add(rel, preset.files[rel])
-    add("config.json", _merged_config_bytes(config, preset.auto_map))  # last: the switch
-    return _Plan(root, preset, config, changes, contents, created_dirs)
+    # 3. Custom mode may name a module the folder already has: the user vouches for it
+    #    (and what it imports relatively), so record its bytes for verify_pinned.
+    if preset.custom:
+        recorded = {c.path for c in changes}
+
+        def view(rel: str) -> bytes | None:
+            if rel in preset.files:
+                return preset.files[rel]
+            if "/" in rel or not rel.endswith(".py"):
+                return None
+            return _read_or_none(root / rel)
+
+        for stem in sorted(auto_map_modules(preset.auto_map)):
+            try:
+                closure = module_closure(view, f"{stem}.py")
+            except BadImport as err:
+                raise BadInputError(
+                    f"{err}, which transformers would resolve outside the folder; fix that module"
+                ) from None
+            for rel in closure:
+                path = root / rel
+                if rel in recorded or rel in preset.files or "/" in rel or not path.is_file():
+                    continue
+                sha = _sha_or_none(path)
+                changes.append(
+                    FileChange(rel, "unchanged", sha, sha, path.is_symlink(), None, file_mode(path))
+                )
+                recorded.add(rel)
+    # 4. Every other file transformers reads an auto_map from; config.json last (the switch).
+    removed_map: list[dict[str, Any]] = []
+    for fname in AUTO_MAP_FILES[1:]:
+        path = root / fname
+        if not path.is_file():
+            continue
+        doc, _raw = _load_json_file(path)
+        changed, removed = pin_document(fname, doc, preset.auto_map)
+        removed_map += removed
+        if changed:
+            add(fname, dumps_config(doc))
+    pinned_config = loads_limited(raw_config)  # a fresh copy: ``config`` stays the original
+    _changed, removed = pin_document("config.json", pinned_config, preset.auto_map)
+    removed_map = removed + removed_map
+    add("config.json", dumps_config(pinned_config))
+    return _Plan(root, preset, config, changes, contents, created_dirs, removed_map)
 
 
 def _manifest_doc(
-    plan: _Plan, txn: str, *, mode: str, source: Path, purged: list[str]
+    plan: _Plan,
+    txn: str,
+    *,
+    mode: str,
+    source: Path,
+    purged: list[str],
+    folder: Mapping[str, Any],
 ) -> dict[str, Any]:
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
-        "tool": "pypto-patch",
+        "tool": TOOL,
         "tool_version": TOOL_VERSION,
         "created_at": _now(),
         "transaction": txn,
+        "folder": dict(folder),
         "mode": mode,
         "source_path": str(source),
         "preset": plan.preset.to_summary(),
         "fingerprint": plan.preset.fingerprint,
         "auto_map_before": plan.config.get("auto_map"),
+        "removed_auto_map": plan.removed_auto_map,
         "files": [asdict(c) for c in plan.changes],
         "created_dirs": plan.created_dirs,
         "cache_purged": purged,
@@ -459,7 +588,7 @@ def _rollback_apply(root: Path, journal: Mapping[str, Any]) -> None:
         for t in (tmp_path_for(path), tmp_path_for(root / (f.get("backup") or f["path"]))):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(t)
-        if f["action"] == "replaced" and f.get("backup"):
+        if f["action"] in ("replaced", "removed") and f.get("backup"):
             backup = root / f["backup"]
             if os.path.lexists(backup):
                 _put_back(backup, path)
@@ -480,32 +609,39 @@ def _rollback_apply(root: Path, journal: Mapping[str, Any]) -> None:
 
 
 def _recover(root: Path) -> str | None:
-    """Finish what a crashed run left: roll back an apply, roll forward a restore."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(
-            tmp_path_for(root / JOURNAL_NAME)
-        )  # died while writing the journal: nothing else happened
-    journal = _read_json(root / JOURNAL_NAME)
+    """Finish what a crashed run left: roll back an apply, roll forward a restore.
+
+    Both records are checked (bound to ``root``, paths inside it) before either steers
+    a single rename: a journal shipped in a repo is refused, never "rolled back".
+    """
+    journal = _journal(root)
     if journal is None:
         return None
-    manifest = _read_json(root / MANIFEST_NAME)
-    if journal.get("op") == "apply":
+    manifest = _manifest(root)
+    if journal["op"] == "apply":
         if manifest is not None and manifest.get("transaction") == journal.get("transaction"):
-            os.unlink(
-                root / JOURNAL_NAME
-            )  # the manifest (commit point) made it: the patch is complete
+            os.unlink(root / JOURNAL_NAME)  # the manifest (commit point) made it: complete
             log.warning("%s: an interrupted apply had committed; finished it", root)
             return "completed"
         _rollback_apply(root, journal)
         log.warning("%s: rolled back an interrupted apply", root)
         return "rolled-back"
-    if journal.get("op") == "restore":
-        _do_restore(root, journal)
-        log.warning("%s: finished an interrupted restore", root)
-        return "completed"
-    raise PatchError(
-        f"{root / JOURNAL_NAME} has an unknown op; move it away and check the folder by hand"
-    )
+    _do_restore(root, journal)
+    log.warning("%s: finished an interrupted restore", root)
+    return "completed"
+
+
+def _journal_doc(
+    root: Path, op: str, txn: str, files: list[dict[str, Any]], dirs: list[str]
+) -> dict[str, Any]:
+    return {
+        "tool": TOOL,
+        "op": op,
+        "transaction": txn,
+        "folder": folder_identity(root),
+        "files": files,
+        "created_dirs": dirs,
+    }
 
 
 # --------------------------------------------------------------------------- apply
@@ -521,26 +657,42 @@ def apply(
     source_root: str | os.PathLike[str] | None = None,
     output_dir: str | os.PathLike[str] | None = None,
     force: bool = False,
+    replace_overlay: bool = False,
     dry_run: bool = False,
     lock_timeout: float = LOCK_TIMEOUT_S,
 ) -> PatchResult:
-    """Pin ``model_path``'s auto_map to a preset's (or custom) modules, in place or as an overlay.
+    """Pin ``model_path`` to a preset's (or custom) modules, in place or as an overlay.
 
+    ``force`` re-pins over an existing pin whose files were edited (the edits are kept
+    as ``<name>.pypto_edited``; in an overlay they are discarded). ``replace_overlay``
+    lets an overlay pypto-patch built earlier at ``output_dir`` be replaced; anything
+    else in a non-empty ``output_dir`` is refused whatever the flags.
     Raises a :class:`PatchError` subclass; bad input leaves the disk untouched.
     """
     root = _resolve_folder(model_path)
+    if replace_overlay and output_dir is None:
+        raise BadInputError(
+            "--replace-overlay only applies with --output-dir (it replaces an earlier overlay there)"
+        )
     chosen = _build_preset(family, preset, auto_map, copies, source_root)
     if output_dir is not None:
         from .overlay import apply_overlay
 
         return apply_overlay(
-            root, chosen, output_dir, force=force, dry_run=dry_run, lock_timeout=lock_timeout
+            root,
+            chosen,
+            output_dir,
+            force=force,
+            replace_overlay=replace_overlay,
+            dry_run=dry_run,
+            lock_timeout=lock_timeout,
         )
     shown = os.path.abspath(os.path.expanduser(os.fspath(model_path)))
     _read_config(root)  # bad input must surface before anything else, lock included
 
     if dry_run:
-        manifest = read_manifest(root)
+        _journal(root)  # refuse forged records even when only planning
+        manifest = _manifest(root)
         plan = _plan(root, chosen, in_place=True) if manifest is None else None
         res = PatchResult(shown, str(root), "in-place", "dry-run", chosen.family, chosen.version)
         res.auto_map = dict(chosen.auto_map)
@@ -549,43 +701,52 @@ def apply(
         )
         if manifest is not None and not res.restored_first:
             res.action = "dry-run:unchanged"
+            res.removed_auto_map = list(manifest.get("removed_auto_map", []))
         if plan is not None:
             res.changes, res.created_dirs = plan.changes, plan.created_dirs
+            res.removed_auto_map = plan.removed_auto_map
         return res
 
     _require_writable(
         root, hint="make it writable (chmod u+w) or build an overlay elsewhere with --output-dir"
     )
     with dir_lock(root, timeout=lock_timeout):
+        # Both records are checked before _recover acts on either.
+        _journal(root)
+        _manifest(root)
         recovered = _recover(root)
-        manifest = read_manifest(root)
+        manifest = _manifest(root)
         restored_first = False
         if manifest is not None:
             if manifest.get("mode") != "in-place":
                 raise BadInputError(
                     f"{root} is a pypto-patch overlay of {manifest.get('source_path')}; re-run with "
-                    f"--model-path {manifest.get('source_path')} --output-dir {root} --force instead"
+                    f"--model-path {manifest.get('source_path')} --output-dir {root} --replace-overlay instead"
                 )
             st = _status_from_manifest(root, manifest)
-            if manifest.get("fingerprint") == chosen.fingerprint and st.intact:
-                res = PatchResult(
-                    shown, str(root), "in-place", "unchanged", chosen.family, chosen.version
-                )
-                res.changes = [FileChange(**f) for f in manifest["files"]]
-                res.recovered = recovered
-                res.auto_map = dict(chosen.auto_map)
-                log.info(
-                    "%s is already patched with %s %s: nothing to do",
-                    root,
-                    chosen.family,
-                    chosen.version,
-                )
-                return res
-            # Validate the new plan before touching anything: bad input must leave the
-            # folder as it is (still patched), not restored.
             ours = frozenset(f["backup"] for f in manifest["files"] if f.get("backup"))
-            _plan(root, chosen, in_place=True, known_backups=ours)
-            log.info(
+            if manifest.get("fingerprint") == chosen.fingerprint and st.intact:
+                fresh = _plan(root, chosen, in_place=True, known_backups=ours)
+                if all(c.action == "unchanged" for c in fresh.changes):
+                    res = PatchResult(
+                        shown, str(root), "in-place", "unchanged", chosen.family, chosen.version
+                    )
+                    res.changes = [FileChange.from_record(f) for f in manifest["files"]]
+                    res.recovered = recovered
+                    res.auto_map = dict(chosen.auto_map)
+                    res.removed_auto_map = list(manifest.get("removed_auto_map", []))
+                    log.debug(
+                        "%s is already pinned to %s %s: nothing to do",
+                        root,
+                        chosen.family,
+                        chosen.version,
+                    )
+                    return res
+            else:
+                # Validate the new plan before touching anything: bad input must leave
+                # the folder as it is (still patched), not restored.
+                _plan(root, chosen, in_place=True, known_backups=ours)
+            log.debug(
                 "%s is patched with %s: restoring it first", root, manifest["preset"]["family"]
             )
             _restore_locked(root, manifest, force=force)
@@ -600,31 +761,34 @@ def apply(
         _execute_apply(plan)
         purged = modcache.purge([old_keys])
         if purged:
-            m = read_manifest(root) or {}
+            m = _manifest(root) or {}
             m["cache_purged"] = purged
             _write_json(root / MANIFEST_NAME, m)
     res = PatchResult(shown, str(root), "in-place", "applied", chosen.family, chosen.version)
     res.changes, res.created_dirs = plan.changes, plan.created_dirs
     res.restored_first, res.recovered, res.cache_purged = restored_first, recovered, purged
     res.auto_map = dict(chosen.auto_map)
+    res.removed_auto_map = plan.removed_auto_map
     return res
 
 
 def _execute_apply(plan: _Plan) -> None:
     root = plan.root
     txn = uuid.uuid4().hex
-    journal = {
-        "op": "apply",
-        "transaction": txn,
-        "files": [asdict(c) for c in plan.changes if c.action != "unchanged"],
-        "created_dirs": plan.created_dirs,
-    }
+    journal = _journal_doc(
+        root,
+        "apply",
+        txn,
+        [asdict(c) for c in plan.changes if c.action != "unchanged"],
+        plan.created_dirs,
+    )
     _write_json(root / JOURNAL_NAME, journal)
     fault_point("apply:journal-written")
     try:
         for c in plan.changes:
-            if c.action == "replaced":
-                make_backup(root / c.path, root / c.backup)  # type: ignore[operator]
+            if c.action in ("replaced", "removed"):
+                assert c.backup is not None
+                make_backup(root / c.path, root / c.backup)
         fault_point("apply:backups-made")
         for d in plan.created_dirs:
             os.mkdir(root / d)
@@ -632,13 +796,25 @@ def _execute_apply(plan: _Plan) -> None:
         for c in plan.changes:
             if c.action == "unchanged":
                 continue
-            atomic_write(root / c.path, plan.contents[c.path], c.mode)
+            if c.action == "removed":
+                os.unlink(root / c.path)
+                fsync_dir((root / c.path).parent)
+            else:
+                atomic_write(root / c.path, plan.contents[c.path], c.mode)
             if first:
                 fault_point("apply:first-file-written")
                 first = False
         fault_point("apply:config-written")
         _write_json(
-            root / MANIFEST_NAME, _manifest_doc(plan, txn, mode="in-place", source=root, purged=[])
+            root / MANIFEST_NAME,
+            _manifest_doc(
+                plan,
+                txn,
+                mode="in-place",
+                source=root,
+                purged=[],
+                folder=folder_identity(root),
+            ),
         )
         fault_point("apply:manifest-written")
     except BaseException as err:
@@ -657,7 +833,7 @@ def _execute_apply(plan: _Plan) -> None:
         raise
     os.unlink(root / JOURNAL_NAME)
     fsync_dir(root)
-    log.info("patched %s with %s %s", root, plan.preset.family, plan.preset.version)
+    log.debug("patched %s with %s %s", root, plan.preset.family, plan.preset.version)
 
 
 # --------------------------------------------------------------------------- status
@@ -676,18 +852,22 @@ def _status_from_manifest(root: Path, manifest: Mapping[str, Any]) -> StatusResu
         created_at=manifest.get("created_at"),
         source_path=manifest.get("source_path"),
         files=list(manifest.get("files", [])),
+        removed_auto_map=list(manifest.get("removed_auto_map", [])),
     )
     for f in manifest.get("files", []):
         if f["action"] == "unchanged":
             continue
         path = root / f["path"]
-        if path.is_symlink() or _sha_or_none(path) != f["patched_sha256"]:
+        if f["action"] == "removed":
+            if os.path.lexists(path):
+                st.changed_since.append(f["path"])
+        elif path.is_symlink() or _sha_or_none(path) != f["patched_sha256"]:
             st.changed_since.append(f["path"])
         if f.get("backup"):
             b = root / f["backup"]
             if not os.path.lexists(b) or _sha_or_none(b) != f.get("original_sha256"):
                 st.backups_damaged.append(f["backup"])
-        if st.mode == "overlay" and f["action"] == "replaced":
+        if st.mode == "overlay" and f["action"] in ("replaced", "removed"):
             src = Path(manifest.get("source_path", "")) / f["path"]
             if _sha_or_none(src) != f.get("original_sha256"):
                 st.source_changed.append(f["path"])
@@ -700,8 +880,8 @@ def status(
     """Whether and how a folder is patched, and what changed since; never writes."""
     root = _resolve_folder(model_path)
     with dir_lock(root, shared=True, timeout=lock_timeout):
-        interrupted = os.path.lexists(root / JOURNAL_NAME)
-        manifest = read_manifest(root)
+        interrupted = _journal(root) is not None
+        manifest = _manifest(root)
         st = (
             StatusResult(str(root), False)
             if manifest is None
@@ -724,8 +904,9 @@ def restore(
     """
     root = _resolve_folder(model_path)
     with dir_lock(root, timeout=lock_timeout):
-        manifest = read_manifest(root)
-        if manifest is None and not os.path.lexists(root / JOURNAL_NAME):
+        journal = _journal(root)
+        manifest = _manifest(root)
+        if manifest is None and journal is None:
             raise NotPatchedError(
                 f"{root} is not patched by pypto-patch (no {MANIFEST_NAME}); nothing to restore"
             )
@@ -735,7 +916,7 @@ def restore(
             )
         _require_writable(root, hint="make it writable (chmod u+w) to restore it")
         recovered = _recover(root)
-        manifest = read_manifest(root)
+        manifest = _manifest(root)
         if manifest is None:
             return RestoreResult(str(root), "recovered", recovered=recovered)
         res = _restore_locked(root, manifest, force=force)
@@ -763,12 +944,9 @@ def _restore_locked(root: Path, manifest: Mapping[str, Any], *, force: bool) -> 
         if f["path"] in st.changed_since and os.path.lexists(root / f["path"]):
             entry["aside"] = _aside_name(root / f["path"]).relative_to(root).as_posix()
         files.append(entry)
-    journal = {
-        "op": "restore",
-        "transaction": manifest.get("transaction"),
-        "files": files,
-        "created_dirs": manifest.get("created_dirs", []),
-    }
+    journal = _journal_doc(
+        root, "restore", manifest["transaction"], files, list(manifest.get("created_dirs", []))
+    )
     keys = modcache.folder_cache_keys(root)
     _write_json(root / JOURNAL_NAME, journal)
     fault_point("restore:journal-written")
@@ -794,7 +972,7 @@ def _do_restore(root: Path, journal: Mapping[str, Any]) -> RestoreResult:
                 res.kept_aside[f["path"]] = aside
         elif aside and os.path.lexists(root / aside):
             res.kept_aside[f["path"]] = aside
-        if f["action"] == "replaced":
+        if f["action"] in ("replaced", "removed"):
             backup = root / f["backup"]
             if os.path.lexists(backup):
                 _put_back(backup, path)
@@ -820,5 +998,5 @@ def _do_restore(root: Path, journal: Mapping[str, Any]) -> RestoreResult:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(root / JOURNAL_NAME)
     fsync_dir(root)
-    log.info("restored %s to its original files", root)
+    log.debug("restored %s to its original files", root)
     return res

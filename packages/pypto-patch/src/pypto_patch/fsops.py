@@ -18,18 +18,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import EXIT_FAULT_INJECTED, LockedError
-from .presets import TMP_SUFFIX
+from .errors import EXIT, LockedError
+from .names import TMP_SUFFIX
 
 #: Test-only fault injection: when this variable names a step (see ``FAULT_POINTS`` in
-#: the README), the process calls ``os._exit(99)`` right there, like a power cut.
+#: the README), the process exits with ``EXIT.FAULT_INJECTED`` right there, like a power cut.
 FAULT_ENV = "PYPTO_PATCH_FAULT"
 
 
 def fault_point(name: str) -> None:
     """Die here if the test harness asked for it; a no-op otherwise."""
     if os.environ.get(FAULT_ENV) == name:
-        os._exit(EXIT_FAULT_INJECTED)
+        os._exit(EXIT.FAULT_INJECTED)
 
 
 def sha256_file(path: Path) -> str:

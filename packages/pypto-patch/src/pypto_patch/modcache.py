@@ -182,5 +182,5 @@ def purge(keys: Iterable[CacheKeys], cache_dir: Path | None = None) -> list[str]
                 except OSError:
                     continue
     for r in removed:
-        log.info("purged stale remote-code cache entry %s", r)
+        log.debug("purged stale remote-code cache entry %s", r)
     return removed

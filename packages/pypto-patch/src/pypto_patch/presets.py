@@ -17,6 +17,8 @@ from importlib.metadata import entry_points
 from pathlib import PurePosixPath
 from typing import Any
 
+from pypto_common import tool_owned_reason
+
 from .errors import (
     BadInputError,
     PatchError,
@@ -24,19 +26,39 @@ from .errors import (
     UnknownFamilyError,
     UnsafePathError,
 )
+from .names import (
+    AUTO_MAP_FILES,
+    BACKUP_SUFFIX,
+    EDITED_SUFFIX,
+    JOURNAL_NAME,
+    MANIFEST_NAME,
+    OVERLAY_MARKER_NAME,
+    TMP_SUFFIX,
+)
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "pypto.model_families"
 
-#: Names pypto-patch owns inside a model folder; no preset or --copy may target them.
-MANIFEST_NAME = ".pypto_patch.json"
-JOURNAL_NAME = ".pypto_patch.journal.json"
-BACKUP_SUFFIX = ".pypto_orig"
-EDITED_SUFFIX = ".pypto_edited"
-TMP_SUFFIX = ".pypto_tmp"
-_RESERVED_SUFFIXES = (BACKUP_SUFFIX, EDITED_SUFFIX, TMP_SUFFIX)
-_RESERVED_NAMES = {"config.json", MANIFEST_NAME, JOURNAL_NAME}
+# Re-exported public names (they live in .names, sourced from pypto_common).
+__all__ = [
+    "BACKUP_SUFFIX",
+    "EDITED_SUFFIX",
+    "ENTRY_POINT_GROUP",
+    "JOURNAL_NAME",
+    "MANIFEST_NAME",
+    "OVERLAY_MARKER_NAME",
+    "TMP_SUFFIX",
+    "Preset",
+    "auto_map_modules",
+    "custom_preset",
+    "discover_presets",
+    "get_preset",
+    "list_presets",
+    "normalize_dest",
+    "parse_class_ref",
+    "relative_imports",
+]
 
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # transformers splits a class reference on exactly one dot: "<module file stem>.<Class>".
@@ -70,14 +92,10 @@ def normalize_dest(dest: str, *, what: str = "destination") -> str:
             f"{what} {dest!r} escapes or is not a plain path inside the model folder; use a relative path like 'sub/file.py'"
         )
     norm = "/".join(parts)
-    name = parts[-1]
-    if (
-        norm in _RESERVED_NAMES
-        or name in (MANIFEST_NAME, JOURNAL_NAME)
-        or name.endswith(_RESERVED_SUFFIXES)
-    ):
+    if norm in AUTO_MAP_FILES or tool_owned_reason(norm) is not None:
         raise UnsafePathError(
-            f"{what} {dest!r} is a file pypto-patch manages itself (config.json is changed only through auto_map)"
+            f"{what} {dest!r} is a file pypto-patch manages itself "
+            f"({', '.join(AUTO_MAP_FILES)} change only through auto_map)"
         )
     return norm
 
@@ -86,6 +104,26 @@ def parse_class_ref(value: str) -> tuple[str, str] | None:
     """Split ``"modeling_x.Class"`` into (module stem, class); None if it is not that shape."""
     m = _CLASS_REF_RE.match(value) if isinstance(value, str) else None
     return (m.group(1), m.group(2)) if m else None
+
+
+_REL_IMPORT_RES = (
+    re.compile(r"^\s*import\s+\.(\S+)\s*$", re.MULTILINE),
+    re.compile(r"^\s*from\s+\.(\S+)\s+import", re.MULTILINE),
+)
+
+
+def relative_imports(source: bytes | str) -> list[str]:
+    """Module names a file imports relatively, found the way transformers finds them.
+
+    transformers copies (and so runs) every such module from the model folder along
+    with the one auto_map names; a shim importing ``.helper`` would run the repo's
+    ``helper.py`` unless the preset places it too.
+    """
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    found: set[str] = set()
+    for rx in _REL_IMPORT_RES:
+        found.update(rx.findall(text))
+    return sorted(found)
 
 
 def auto_map_modules(auto_map: Mapping[str, Any]) -> set[str]:
@@ -282,6 +320,16 @@ def _validate(
                     origin,
                     f"auto_map names module {stem!r} but 'files' does not place '{stem}.py' at the folder top level",
                 )
+        for dest, content in sorted(clean_files.items()):
+            if not dest.endswith(".py") or "/" in dest:
+                continue
+            for mod in relative_imports(content):
+                if mod not in placed:
+                    raise _fail(
+                        origin,
+                        f"{dest} imports '.{mod}' but 'files' does not place '{mod}.py'; "
+                        "transformers would run the model folder's own copy of it",
+                    )
     return Preset(
         family=family,
         version=version,
@@ -316,12 +364,18 @@ class Discovery:
     errors: dict[str, str]
 
 
-def discover_presets() -> Discovery:
-    """Load every ``pypto.model_families`` entry point; a broken one never hides the others."""
+def discover_presets(only: str | None = None) -> Discovery:
+    """Load every ``pypto.model_families`` entry point; a broken one never hides the others.
+
+    ``only`` loads just the entry points of that family name: a model package may import
+    torch at import time, and ``apply --model-family X`` should not pay for all of them.
+    """
     presets: dict[str, Preset] = {}
     errors: dict[str, str] = {}
     seen: dict[str, tuple[str, str]] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if only is not None and ep.name != only:
+            continue
         dist = getattr(ep, "dist", None)
         dist_name = dist.metadata["Name"] if dist is not None else None
         dist_version = dist.version if dist is not None else None
@@ -366,11 +420,12 @@ def list_presets() -> list[Preset]:
 
 def get_preset(family: str) -> Preset:
     """The installed preset for ``family``; typed errors list what is installed."""
-    found = discover_presets()
+    found = discover_presets(only=family)
     if family in found.errors:
         raise PresetInvalidError(found.errors[family])
     if family not in found.presets:
-        known = ", ".join(sorted(found.presets)) or "none installed"
+        names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        known = ", ".join(sorted(names)) or "none installed"
         raise UnknownFamilyError(
             f"unknown model family {family!r} (known: {known}); install the package pypto-models-<family> that provides it"
         )
