@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The test modules share dltest.py; --import-mode=importlib does not put this folder on
+# sys.path by itself.
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ import hashlib
 import http.client
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -277,3 +278,92 @@ def test_hang_after_releases_on_stop(tmp_path):
     with pytest.raises((http.client.IncompleteRead, OSError)):
         resp.read()
     assert not hub.root.exists()
+
+
+def test_trickle_sends_slower_than_a_read_timeout(hub):
+    hub.add_repo("org/tiny", _files())
+    hub.trickle("model.safetensors", nbytes=10, interval=0.5)
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=0.2)
+    conn.request("GET", "/org/tiny/resolve/main/model.safetensors")
+    resp = conn.getresponse()
+    assert resp.getheader("Content-Length") == str(len(WEIGHTS))  # it promises everything
+    with pytest.raises(TimeoutError):
+        resp.read(1)  # ... and then sends nothing within the client's timeout
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=5)
+    conn.request("GET", "/org/tiny/resolve/main/model.safetensors", headers={"Range": "bytes=0-19"})
+    t0 = time.monotonic()
+    assert conn.getresponse().read() == WEIGHTS[:20]  # once only (times=1): a normal answer
+    assert time.monotonic() - t0 < 0.5
+    conn.close()
+
+
+def test_trickle_and_stall_give_up_when_the_hub_stops(tmp_path):
+    hub = LocalHub().start()
+    hub.add_repo("org/tiny", _files())
+    hub.trickle("model.safetensors", nbytes=1, interval=30, times=None)
+    hub.stall(30, path_contains="/api/", times=None)
+    conn = http.client.HTTPConnection("127.0.0.1", hub.port, timeout=10)
+    conn.request("GET", "/org/tiny/resolve/main/model.safetensors")
+    resp = conn.getresponse()
+    t0 = time.monotonic()
+    hub.close()  # must not wait 30 s for the trickling handler
+    assert time.monotonic() - t0 < 5
+    with pytest.raises((http.client.IncompleteRead, OSError)):
+        resp.read()
+
+
+def test_stall_delays_the_answer(hub):
+    hub.add_repo("org/tiny", _files())
+    hub.stall(0.6, path_contains="/revision/")
+    t0 = time.monotonic()
+    assert _raw(hub, "GET", "/api/models/org/tiny/revision/main")[0].status == 200
+    assert time.monotonic() - t0 >= 0.6
+    t0 = time.monotonic()
+    assert _raw(hub, "GET", "/api/models/org/tiny/revision/main")[0].status == 200
+    assert time.monotonic() - t0 < 0.5  # times=1
+
+
+def test_truncate_answers_a_short_body_cleanly(hub):
+    hub.add_repo("org/tiny", _files())
+    hub.truncate("model.safetensors", 1000, times=2)
+    resp, _ = _raw(hub, "HEAD", "/org/tiny/resolve/main/model.safetensors")
+    assert resp.getheader("Content-Length") == str(len(WEIGHTS))  # HEAD still says all of it
+    for _ in range(2):
+        resp, body = _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors")
+        assert resp.status == 200
+        assert resp.getheader("Content-Length") == "1000"
+        assert body == WEIGHTS[:1000]
+    assert _raw(hub, "GET", "/org/tiny/resolve/main/model.safetensors")[1] == WEIGHTS
+
+
+def test_fail_next_with_retry_after_and_echoed_credentials(hub):
+    hub.add_repo("org/tiny", _files())
+    hub.echo_auth = True
+    hub.fail_next(1, status=429, path_contains="/tree/", retry_after=7)
+    resp, body = _raw(
+        hub, "GET", "/api/models/org/tiny/tree/main", {"Authorization": "Bearer hf_echo"}
+    )
+    assert resp.status == 429
+    assert resp.getheader("Retry-After") == "7"
+    assert "Authorization: Bearer hf_echo" in json.loads(body)["error"]
+    assert "Authorization: Bearer hf_echo" in resp.getheader("X-Error-Message")
+    resp, body = _raw(hub, "GET", "/api/models/org/none/revision/main")
+    assert resp.status == 404
+    assert "Authorization: -" in json.loads(body)["error"]  # echoes what it got: nothing
+    assert resp.getheader("X-Error-Code") == "RepoNotFound"
+
+
+def test_unsafe_paths_are_refused_unless_asked_for(hub):
+    with pytest.raises(ValueError):
+        hub.add_repo("org/bad", {"../x": b"x"})
+    hub.add_repo(
+        "org/bad", {"../x": b"x", "/abs/y": b"y", "ok.txt": b"ok"}, allow_unsafe_paths=True
+    )
+    paths, url = set(), "/api/models/org/bad/tree/main?recursive=true"
+    while url:
+        resp, body = _raw(hub, "GET", url)
+        paths |= {e["path"] for e in json.loads(body) if e["type"] == "file"}
+        link = resp.getheader("Link")
+        url = link.split(">")[0].split(str(hub.port), 1)[1] if link else None
+    assert paths == {"../x", "/abs/y", "ok.txt"}

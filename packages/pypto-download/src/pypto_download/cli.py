@@ -3,7 +3,8 @@
 stdout carries only what a shell or a script consumes: one line
 ``export MODEL_PATH=<absolute path>`` (so ``eval "$(pypto-download ...)"`` works), or
 with ``--json`` one JSON object. Progress bars and logs go to stderr. Every expected
-failure is one line on stderr and a distinct exit code (see the README).
+failure is one line on stderr and a distinct exit code (see the README), and nothing
+printed carries a token or endpoint credentials (``pypto_common.redact``).
 """
 
 from __future__ import annotations
@@ -11,20 +12,53 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from pypto_common import configure_cli_logging, export_line, known_secrets, redact, redact_obj
 
 from . import __version__
 from .core import DownloadResult, fetch
-from .errors import DownloadError
+from .errors import EXIT, INTERRUPTED_EXIT, DownloadError
+from .inputs import DEFAULT_MAX_RETRY_WAIT, DEFAULT_READ_TIMEOUT, endpoint_secrets
 
 _LOG = logging.getLogger("pypto_download")
+_PROG = "pypto-download"
+
+
+class _RedactTracebacks(logging.Filter):
+    """Redact a record's traceback too: pypto_common's filter sees only the message, and a
+    library logging ``exc_info=True`` (huggingface_hub does, with the endpoint URL in it)
+    would otherwise print credentials at -vv."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        super().__init__()
+        self.secrets = list(secrets)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text, self.secrets)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, self.secrets)
+        return True
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit USAGE), like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{_PROG}: error: {message} (see {_PROG} --help)", file=sys.stderr)
+        raise SystemExit(EXIT.USAGE)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pypto-download",
+    p = _Parser(
+        prog=_PROG,
         description="Download a HuggingFace model repository into a folder (resumable, verified, retried).",
         epilog='Typical use: eval "$(pypto-download --model-id ORG/REPO --output-dir models/REPO)"',
     )
@@ -64,7 +98,21 @@ def _parser() -> argparse.ArgumentParser:
         "--backoff",
         type=float,
         default=1.0,
-        help="first retry delay in seconds, doubled each time (default: 1)",
+        help="first retry delay in seconds, doubled each time, at most 30 (default: 1)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=DEFAULT_READ_TIMEOUT,
+        metavar="S",
+        help=f"a request that receives nothing for S seconds fails and is retried (default: {DEFAULT_READ_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--max-retry-wait",
+        type=float,
+        default=DEFAULT_MAX_RETRY_WAIT,
+        metavar="S",
+        help=f"the longest wait a server's Retry-After gets (default: {DEFAULT_MAX_RETRY_WAIT:g})",
     )
     p.add_argument(
         "--dry-run",
@@ -80,9 +128,15 @@ def _parser() -> argparse.ArgumentParser:
         "--quiet",
         "-q",
         action="store_true",
-        help="no progress bars, only warnings and errors on stderr",
+        help="no progress bars and no logs: only errors on stderr",
     )
-    p.add_argument("--verbose", "-v", action="store_true", help="debug logs on stderr")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="count",
+        default=0,
+        help="-v: other libraries' logs and full multi-line messages; -vv: debug",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return p
 
@@ -100,10 +154,14 @@ def _print_plan(result: DownloadResult) -> None:
         f"{result.repo_id}@{result.revision} (commit {result.commit}) -> {result.path}",
         file=sys.stderr,
     )
+    marks = {"complete": "have", "partial": "resume", "missing": "fetch", "patched": "pinned"}
     for f in result.files:
         state = result.state.get(f.path, "missing")
-        mark = {"complete": "have", "partial": "resume", "missing": "fetch"}.get(state, state)
-        print(f"  {mark:<6} {_human_size(f.size):>10}  {f.path}", file=sys.stderr)
+        print(
+            f"  {marks.get(state, state):<6} {_human_size(f.size):>10}  {f.path}", file=sys.stderr
+        )
+    for s in result.skipped:
+        print(f"  {'skip':<6} {'':>10}  {s.path}", file=sys.stderr)
     print(
         f"  {len(result.files)} files, {_human_size(result.total_bytes)} in all, "
         f"{_human_size(result.bytes_to_fetch)} to fetch",
@@ -113,14 +171,22 @@ def _print_plan(result: DownloadResult) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("pypto-download: %(levelname)s: %(message)s"))
-    level = logging.DEBUG if args.verbose else (logging.WARNING if args.quiet else logging.INFO)
-    _LOG.addHandler(handler)
-    _LOG.setLevel(level)
-    _LOG.propagate = False
-    if args.verbose:
-        logging.getLogger("huggingface_hub").setLevel(logging.DEBUG)
+    endpoint = args.endpoint or os.environ.get("HF_ENDPOINT") or ""
+    secrets = known_secrets([args.token, *endpoint_secrets(endpoint)])
+    verbosity = -1 if args.quiet else args.verbose
+    handler = configure_cli_logging(
+        ["pypto_download"],
+        verbosity,
+        secrets=secrets,
+        fmt=f"{_PROG}: %(levelname)s: %(message)s",
+    )
+    handler.addFilter(_RedactTracebacks(secrets))
+    # huggingface_hub >= 1.x gives its logger a handler of its own (and propagates too):
+    # its lines would print twice, multi-line and unredacted. Ours is the only one.
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_handlers = list(hub_logger.handlers)
+    for own in hub_handlers:
+        hub_logger.removeHandler(own)
     try:
         try:
             result = fetch(
@@ -134,49 +200,65 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_workers=args.max_workers,
                 retries=args.retries,
                 backoff=args.backoff,
+                read_timeout=args.read_timeout,
+                max_retry_wait=args.max_retry_wait,
                 dry_run=args.dry_run,
                 progress=not (args.quiet or (args.json and not sys.stderr.isatty())),
             )
         except DownloadError as err:
-            return _fail(err.message, err.exit_code, err.to_dict(), args.json, secret=args.token)
+            if err.exit_code == EXIT.FAILED and err.__cause__ is not None:
+                cause = err.__cause__
+                trace = "".join(traceback.format_exception(type(cause), cause, cause.__traceback__))
+                _LOG.debug("%s", redact(trace, secrets))
+            return _fail(err.message, err.exit_code, err.to_dict(), args.json, secrets)
         except KeyboardInterrupt:
             return _fail(
                 "interrupted: re-run the same command to resume",
-                130,
+                INTERRUPTED_EXIT,
                 {"kind": "interrupted"},
                 args.json,
+                secrets,
             )
         except Exception as err:  # unexpected: still one line, never a traceback
-            _LOG.debug("unexpected error", exc_info=True)
-            msg = f"unexpected {type(err).__name__}: {' '.join(str(err).split())} (re-run with -v for details)"
-            return _fail(msg, 1, {"kind": "failed"}, args.json, secret=args.token)
+            _LOG.debug("%s", redact(traceback.format_exc(), secrets))
+            msg = f"unexpected {type(err).__name__}: {' '.join(str(err).split())} (re-run with -vv for details)"
+            return _fail(msg, EXIT.FAILED, {"kind": "failed"}, args.json, secrets)
         if args.dry_run and not args.quiet:
             _print_plan(result)
         if args.json:
-            print(json.dumps(dict(result.to_dict(), ok=True)))
+            print(json.dumps(redact_obj(dict(result.to_dict(), ok=True), secrets)))
         elif not args.dry_run:
-            print(f"export MODEL_PATH={shlex.quote(str(result.path))}")
-            if not args.quiet:
-                _LOG.info(
-                    "%s@%s (%s) ready in %s: %d file(s) fetched, %d already there",
-                    result.repo_id,
-                    result.revision,
-                    (result.commit or "")[:12],
-                    result.path,
-                    len(result.fetched),
-                    len(result.files) - len(result.fetched),
-                )
-        return 0
+            print(export_line("MODEL_PATH", result.path))
+            extra = ""
+            if result.skipped:
+                extra += f", {len(result.skipped)} skipped (names the pypto tools own)"
+            if result.patched:
+                extra += f", {len(result.patched)} kept as pypto-patch pinned them"
+            _LOG.info(
+                "%s@%s (%s) ready in %s: %d file(s) fetched, %d already there%s",
+                result.repo_id,
+                result.revision,
+                (result.commit or "")[:12],
+                result.path,
+                len(result.fetched),
+                len(result.files) - len(result.fetched) - len(result.patched),
+                extra,
+            )
+        return EXIT.OK
     finally:
-        _LOG.removeHandler(handler)
+        logging.getLogger().removeHandler(handler)
+        for own in hub_handlers:
+            hub_logger.addHandler(own)
 
 
-def _fail(message: str, code: int, info: dict, as_json: bool, secret: str | None = None) -> int:
-    if secret:  # belt and braces: no message we build contains it, but hub text could
-        message = message.replace(secret, "***")
-    print(f"pypto-download: error: {message}", file=sys.stderr)
+def _fail(
+    message: str, code: int, info: dict[str, Any], as_json: bool, secrets: Sequence[str]
+) -> int:
+    message = redact(message, secrets)
+    print(f"{_PROG}: error: {message}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"ok": False, "error": dict(info, message=message, exit_code=code)}))
+        doc = {"ok": False, "error": dict(info, message=message, exit_code=code)}
+        print(json.dumps(redact_obj(doc, secrets)))
     return code
 
 

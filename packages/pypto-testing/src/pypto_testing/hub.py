@@ -5,7 +5,11 @@ huggingface_hub from 0.36 (requests) to 2.x (httpx), and the only honest way to
 prove that is to let the real client speak real HTTP to something that answers like
 the Hub. Tests also need what the real Hub cannot give on demand: a dropped
 connection mid-file, a corrupted byte, a burst of 503s, an unreachable server, and
-an exact count of the bytes sent (to prove a resume did not start over).
+an exact count of the bytes sent (to prove a resume did not start over). And what a
+hostile or broken one does: a body that trickles slower than any read timeout
+(``trickle``), a clean but short body (``truncate``), an answer that never comes
+(``stall``), ``Retry-After`` on errors, error bodies that echo the Authorization header
+(``echo_auth``), and listings with paths such as ``../x`` (``allow_unsafe_paths``).
 
 What it speaks (the subset huggingface_hub 0.36 .. 2.x uses to download a model):
 
@@ -148,13 +152,14 @@ class _Repo:
 
 @dataclass
 class _Fault:
-    kind: str  # "drop" | "hang" | "corrupt"
+    kind: str  # "drop" | "hang" | "corrupt" | "trickle" | "short"
     file_path: str
     repo_id: str | None
     nbytes: int = 0
     offset: int = 0
     times: int | None = 1
     release: threading.Event | None = None
+    interval: float = 0.0
 
     def matches(self, repo_id: str, file_path: str) -> bool:
         return self.file_path == file_path and (self.repo_id is None or self.repo_id == repo_id)
@@ -164,6 +169,14 @@ class _Fault:
 class _Failure:
     remaining: int
     status: int
+    path_contains: str | None
+    retry_after: str | None = None
+
+
+@dataclass
+class _Stall:
+    remaining: int | None
+    seconds: float
     path_contains: str | None
 
 
@@ -201,6 +214,13 @@ class LocalHub:
         self._log: list[RequestRecord] = []
         self._faults: list[_Fault] = []
         self._failures: list[_Failure] = []
+        self._stalls: list[_Stall] = []
+        # Set while stopped, so a trickling or stalled handler gives up at once.
+        self._closing = threading.Event()
+        #: When true, every error answer repeats the request's path and Authorization
+        #: header in its body and X-Error-Message, as careless servers and proxies do;
+        #: clients must not print what comes back.
+        self.echo_auth = False
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._commit_counter = 0
@@ -235,6 +255,7 @@ class LocalHub:
             return self
         server = _Server((self.host, self._port), _Handler)
         server.hub = self
+        self._closing.clear()
         self._port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(
@@ -257,6 +278,7 @@ class LocalHub:
 
     def _shutdown_server(self) -> None:
         server, self._server = self._server, None
+        self._closing.set()
         with self._lock:
             for fault in self._faults:
                 if fault.release is not None:
@@ -290,6 +312,7 @@ class LocalHub:
         token: str | None = None,
         lfs_suffixes: tuple[str, ...] = DEFAULT_LFS_SUFFIXES,
         tags: tuple[str, ...] = (),
+        allow_unsafe_paths: bool = False,
     ) -> str:
         """Publish ``files`` as a new commit on branch ``revision``; return its sha.
 
@@ -297,13 +320,15 @@ class LocalHub:
         folder whose files are all published. Calling again for the same repo with
         another ``revision`` adds a branch; with the same one, moves it. ``tags``
         also point at the new commit. ``gated``/``token`` apply to the whole repo:
-        its files need ``Authorization: Bearer <token>``.
+        its files need ``Authorization: Bearer <token>``. ``allow_unsafe_paths`` keeps
+        paths exactly as given (``../x``, ``/etc/x``) so a test can play a hostile hub
+        whose listing tries to escape the client's folder.
         """
         if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", repo_id):
             raise ValueError(f"invalid repo id {repo_id!r}")
         if gated and not token:
             raise ValueError("a gated repo needs the token that unlocks it")
-        entries = self._collect(files)
+        entries = self._collect(files, raw=allow_unsafe_paths)
         stored: dict[str, HubFile] = {}
         for rel, source in sorted(entries.items()):
             stored[rel] = self._store(rel, source, lfs_suffixes)
@@ -340,7 +365,9 @@ class LocalHub:
             return dict(repo.commits[repo.refs.get(revision, revision)].files)
 
     @staticmethod
-    def _collect(files: Mapping[str, bytes | str | Path] | Path | str) -> dict[str, bytes | Path]:
+    def _collect(
+        files: Mapping[str, bytes | str | Path] | Path | str, *, raw: bool = False
+    ) -> dict[str, bytes | Path]:
         if isinstance(files, (str, Path)):
             folder = Path(files)
             if not folder.is_dir():
@@ -353,9 +380,10 @@ class LocalHub:
             return out
         result: dict[str, bytes | Path] = {}
         for rel, value in files.items():
-            rel = rel.strip("/")
-            if not rel or ".." in rel.split("/"):
-                raise ValueError(f"invalid file path {rel!r}")
+            if not raw:
+                rel = rel.strip("/")
+                if not rel or ".." in rel.split("/"):
+                    raise ValueError(f"invalid file path {rel!r}")
             result[rel] = value.encode() if isinstance(value, str) else value
         return result
 
@@ -462,11 +490,59 @@ class LocalHub:
         with self._lock:
             self._faults.append(_Fault("corrupt", file_path, repo_id, offset=offset, times=times))
 
-    def fail_next(self, n: int = 1, status: int = 503, *, path_contains: str | None = None) -> None:
-        """The next ``n`` requests (whose path contains ``path_contains``, if given)
-        answer ``status`` with an empty body: a transient server error."""
+    def trickle(
+        self,
+        file_path: str,
+        *,
+        nbytes: int = 1,
+        interval: float = 1.0,
+        repo_id: str | None = None,
+        times: int | None = 1,
+    ) -> None:
+        """The next ``times`` GETs of ``file_path`` (``None``: every one) announce the
+        whole body, then send ``nbytes`` every ``interval`` seconds, the first only after
+        ``interval``: a server slower than any sane read timeout, which never closes."""
         with self._lock:
-            self._failures.append(_Failure(remaining=n, status=status, path_contains=path_contains))
+            self._faults.append(
+                _Fault("trickle", file_path, repo_id, nbytes=nbytes, times=times, interval=interval)
+            )
+
+    def truncate(
+        self, file_path: str, nbytes: int, *, repo_id: str | None = None, times: int | None = 1
+    ) -> None:
+        """The next ``times`` GETs of ``file_path`` (``None``: every one) answer a body of
+        only ``nbytes`` with a ``Content-Length`` to match, while ``HEAD`` and the listing
+        still give the full size: a proxy that cuts transfers cleanly."""
+        with self._lock:
+            self._faults.append(_Fault("short", file_path, repo_id, nbytes=nbytes, times=times))
+
+    def fail_next(
+        self,
+        n: int = 1,
+        status: int = 503,
+        *,
+        path_contains: str | None = None,
+        retry_after: float | str | None = None,
+    ) -> None:
+        """The next ``n`` requests (whose path contains ``path_contains``, if given)
+        answer ``status`` with a small JSON error body: a transient server error.
+        ``retry_after`` adds a ``Retry-After`` header (seconds, or an HTTP date string)."""
+        value = None if retry_after is None else str(retry_after)
+        with self._lock:
+            self._failures.append(
+                _Failure(remaining=n, status=status, path_contains=path_contains, retry_after=value)
+            )
+
+    def stall(
+        self, seconds: float, *, path_contains: str | None = None, times: int | None = 1
+    ) -> None:
+        """The next ``times`` requests (whose path contains ``path_contains``) wait
+        ``seconds`` before answering anything: a server that accepted the connection
+        and went quiet."""
+        with self._lock:
+            self._stalls.append(
+                _Stall(remaining=times, seconds=seconds, path_contains=path_contains)
+            )
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -475,18 +551,32 @@ class LocalHub:
                     fault.release.set()
             self._faults.clear()
             self._failures.clear()
+            self._stalls.clear()
 
-    def _take_failure(self, path: str) -> int | None:
+    def _take_failure(self, path: str) -> _Failure | None:
         with self._lock:
             for failure in self._failures:
                 if failure.remaining > 0 and (
                     failure.path_contains is None or failure.path_contains in path
                 ):
                     failure.remaining -= 1
-                    status = failure.status
                     self._failures = [f for f in self._failures if f.remaining > 0]
-                    return status
+                    return failure
         return None
+
+    def _take_stall(self, path: str) -> float:
+        with self._lock:
+            for stall in self._stalls:
+                if (stall.remaining is None or stall.remaining > 0) and (
+                    stall.path_contains is None or stall.path_contains in path
+                ):
+                    if stall.remaining is not None:
+                        stall.remaining -= 1
+                    self._stalls = [
+                        s for s in self._stalls if s.remaining is None or s.remaining > 0
+                    ]
+                    return stall.seconds
+        return 0.0
 
     def _take_faults(self, repo_id: str, file_path: str) -> list[_Fault]:
         taken = []
@@ -576,9 +666,16 @@ class _Handler(BaseHTTPRequestHandler):
             self.hub._log.append(record)
         self._record = record
         try:
-            status = self.hub._take_failure(self.path)
-            if status is not None:
-                self._send_error(_HubError(status, None, f"injected {status}"))
+            delay = self.hub._take_stall(self.path)
+            if delay and self.hub._closing.wait(delay):
+                self.close_connection = True
+                return
+            failure = self.hub._take_failure(self.path)
+            if failure is not None:
+                self._send_error(
+                    _HubError(failure.status, None, f"injected {failure.status}"),
+                    retry_after=failure.retry_after,
+                )
                 return
             split = urlsplit(self.path)
             raw_parts = split.path.split("/")[1:]
@@ -596,16 +693,24 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             record.finished = True
 
-    def _send_error(self, err: _HubError) -> None:
-        body = json.dumps({"error": err.message}).encode()
+    def _send_error(self, err: _HubError, *, retry_after: str | None = None) -> None:
+        message = err.message
+        if self.hub.echo_auth:
+            message += (
+                f" [request: {self.command} {self.path};"
+                f" Authorization: {self.headers.get('Authorization', '-')}]"
+            )
+        body = json.dumps({"error": message}).encode()
         self._record.status = err.status
         self.send_response(err.status)
         self.send_header("Content-Type", "application/json")
         if err.code:
             self.send_header("X-Error-Code", err.code)
-        self.send_header("X-Error-Message", err.message)
+        self.send_header("X-Error-Message", message)
         if err.commit:
             self.send_header("X-Repo-Commit", err.commit)
+        if retry_after is not None:
+            self.send_header("Retry-After", retry_after)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
@@ -793,6 +898,10 @@ class _Handler(BaseHTTPRequestHandler):
                 start, end = parsed
                 status = 206
         length = max(0, end - start + 1)
+        faults = hub._take_faults(repo_id, file_path) if method == "GET" else []
+        for fault in faults:
+            if fault.kind == "short":
+                length = min(length, fault.nbytes)
         quoted = f'"{f.etag}"'
         self._record.status = status
         self.send_response(status)
@@ -812,12 +921,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "HEAD":
             return
-        faults = hub._take_faults(repo_id, file_path)
         self._stream(f, start, length, faults)
 
     def _stream(self, f: HubFile, start: int, length: int, faults: list[_Fault]) -> None:
         cut_at: int | None = None  # body bytes after which the connection is cut
         hang: threading.Event | None = None
+        trickle: _Fault | None = None
         corrupt_offsets = []
         for fault in faults:
             if fault.kind in ("drop", "hang"):
@@ -826,6 +935,8 @@ class _Handler(BaseHTTPRequestHandler):
                     hang = fault.release
             elif fault.kind == "corrupt":
                 corrupt_offsets.append(fault.offset)
+            elif fault.kind == "trickle":
+                trickle = fault
         sent = 0
         pos = start
         with open(f.blob_path, "rb") as fh:
@@ -834,6 +945,11 @@ class _Handler(BaseHTTPRequestHandler):
                 want = min(_CHUNK, length - sent)
                 if cut_at is not None:
                     want = min(want, cut_at - sent)
+                if trickle is not None:
+                    self.wfile.flush()
+                    if self.hub._closing.wait(trickle.interval):
+                        break
+                    want = min(want, max(1, trickle.nbytes))
                 if want <= 0:
                     break
                 chunk = fh.read(want)
@@ -848,6 +964,8 @@ class _Handler(BaseHTTPRequestHandler):
                 sent += len(chunk)
                 pos += len(chunk)
                 self._record.bytes_sent = sent
+        if trickle is not None and sent < length:
+            cut_at = sent
         if cut_at is not None and sent < length:
             with contextlib.suppress(OSError):
                 self.wfile.flush()
