@@ -186,3 +186,37 @@ def test_non_propagating_library_handlers_are_redacted_too():
         lib.handlers[:], lib.propagate = saved
     assert "tok12345" not in stream.getvalue()
     assert "loading with ***" in stream.getvalue()
+
+
+def test_tracebacks_are_redacted_too():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(pc.RedactingFilter(["pw-in-trace"]))
+    log = logging.getLogger("pypto_common_test_trace")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        raise RuntimeError("GET http://u:pw-in-trace@host/x failed")
+    except RuntimeError:
+        log.warning("request failed", exc_info=True)
+    assert "pw-in-trace" not in stream.getvalue()
+    assert "RuntimeError" in stream.getvalue()
+
+
+def test_cli_logging_routes_a_propagating_library_handler_once_and_restores_it():
+    lib = logging.getLogger("huggingface_hub")
+    lib_stream = io.StringIO()
+    lib_handler = logging.StreamHandler(lib_stream)
+    lib.addHandler(lib_handler)
+    level_before = logging.getLogger().level
+    try:
+        out = io.StringIO()
+        with pc.cli_logging(["pypto_common_own"], 0, stream=out, secrets=["sekret99"]):
+            lib.warning("hub says sekret99")
+        assert lib_stream.getvalue() == ""
+        assert out.getvalue().count("hub says ***") == 1
+        assert lib_handler in lib.handlers
+        assert logging.getLogger().level == level_before
+        assert not any(getattr(h, "_pypto_cli", False) for h in logging.getLogger().handlers)
+    finally:
+        lib.removeHandler(lib_handler)

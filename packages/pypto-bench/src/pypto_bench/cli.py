@@ -9,15 +9,13 @@ because the NPU allocator reads its configuration when the device initialises.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-from pypto_common import configure_cli_logging, redact, redact_obj
+from pypto_common import cli_logging, redact, redact_obj
 
 from .args import FLAG_FOR, add_bench_arguments
 from .errors import EXIT, BenchError
@@ -98,33 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse already printed its one-line usage error
         return EXIT.OK if exc.code == 0 else EXIT.USAGE
     verbosity = -1 if args.quiet else int(args.verbose or 0)
-    with _cli_logging(verbosity):
+    # Undone on return: main() also runs in-process (tests, tools, notebooks).
+    with cli_logging(OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"):
         return _dispatch(args, args_list, verbosity)
-
-
-# Loggers configure_cli_logging sets a level on (besides root and OWN_LOGGERS).
-_THIRD_PARTY = ("httpx", "httpcore", "urllib3", "huggingface_hub", "filelock", "transformers")
-
-
-@contextlib.contextmanager
-def _cli_logging(verbosity: int) -> Iterator[None]:
-    """The CLI's logging for one ``main()`` call, undone afterwards.
-
-    ``main`` also runs in-process (tests, tools/bench_e2e_cpu.py, notebooks): a handler
-    left on the root logger would outlive the stream it writes to, and levels left
-    changed would silence or flood the caller's own logging.
-    """
-    names = ["", *OWN_LOGGERS, *_THIRD_PARTY]
-    levels = {name: logging.getLogger(name).level for name in names}
-    handler = configure_cli_logging(
-        OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        yield
-    finally:
-        logging.getLogger().removeHandler(handler)
-        for name, level in levels.items():
-            logging.getLogger(name).setLevel(level)
 
 
 def _dispatch(args: argparse.Namespace, args_list: list[str], verbosity: int) -> int:

@@ -27,7 +27,7 @@ from .folder import (
     RESERVED_NAMES,
     tool_owned_reason,
 )
-from .logs import configure_cli_logging
+from .logs import THIRD_PARTY_LOGGERS, cli_logging, configure_cli_logging
 from .redact import (
     MASK,
     SECRET_ENV_VARS,
@@ -59,12 +59,14 @@ __all__ = [
     "RESERVED_NAMES",
     "SECRET_ENV_VARS",
     "SECRET_FLAGS",
+    "THIRD_PARTY_LOGGERS",
     "USAGE",
     "ExitCode",
     "ExitCodeTable",
     "RedactingFilter",
     "__version__",
     "atomic_write_text",
+    "cli_logging",
     "configure_cli_logging",
     "export_line",
     "known_secrets",

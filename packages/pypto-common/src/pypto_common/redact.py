@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -144,6 +145,13 @@ class RedactingFilter(logging.Filter):
             message = str(record.msg)
         record.msg = redact(message, self.secrets)
         record.args = None
+        # Formatters fill exc_text only after filters ran: format the traceback here so
+        # the redacted text is what they print (a library logging exc_info=True may carry
+        # a credentialed URL in it).
+        if record.exc_info and not record.exc_text:
+            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip()
         if record.exc_text:
             record.exc_text = redact(record.exc_text, self.secrets)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info, self.secrets)
         return True

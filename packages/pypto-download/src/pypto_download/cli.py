@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from pypto_common import configure_cli_logging, export_line, known_secrets, redact, redact_obj
+from pypto_common import cli_logging, export_line, known_secrets, redact, redact_obj
 
 from . import __version__
 from .core import DownloadResult, fetch
@@ -27,25 +27,6 @@ from .inputs import DEFAULT_MAX_RETRY_WAIT, DEFAULT_READ_TIMEOUT, endpoint_secre
 
 _LOG = logging.getLogger("pypto_download")
 _PROG = "pypto-download"
-
-
-class _RedactTracebacks(logging.Filter):
-    """Redact a record's traceback too: pypto_common's filter sees only the message, and a
-    library logging ``exc_info=True`` (huggingface_hub does, with the endpoint URL in it)
-    would otherwise print credentials at -vv."""
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        super().__init__()
-        self.secrets = list(secrets)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and not record.exc_text:
-            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text, self.secrets)
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info, self.secrets)
-        return True
 
 
 class _Parser(argparse.ArgumentParser):
@@ -174,20 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     endpoint = args.endpoint or os.environ.get("HF_ENDPOINT") or ""
     secrets = known_secrets([args.token, *endpoint_secrets(endpoint)])
     verbosity = -1 if args.quiet else args.verbose
-    handler = configure_cli_logging(
-        ["pypto_download"],
-        verbosity,
-        secrets=secrets,
-        fmt=f"{_PROG}: %(levelname)s: %(message)s",
-    )
-    handler.addFilter(_RedactTracebacks(secrets))
-    # huggingface_hub >= 1.x gives its logger a handler of its own (and propagates too):
-    # its lines would print twice, multi-line and unredacted. Ours is the only one.
-    hub_logger = logging.getLogger("huggingface_hub")
-    hub_handlers = list(hub_logger.handlers)
-    for own in hub_handlers:
-        hub_logger.removeHandler(own)
-    try:
+    # cli_logging routes huggingface_hub's own handler (1.x/2.x add one and propagate too)
+    # through ours, redacts tracebacks, and undoes it all on return.
+    with cli_logging(
+        ["pypto_download"], verbosity, secrets=secrets, fmt=f"{_PROG}: %(levelname)s: %(message)s"
+    ):
         try:
             result = fetch(
                 args.model_id,
@@ -245,10 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 extra,
             )
         return EXIT.OK
-    finally:
-        logging.getLogger().removeHandler(handler)
-        for own in hub_handlers:
-            hub_logger.addHandler(own)
 
 
 def _fail(

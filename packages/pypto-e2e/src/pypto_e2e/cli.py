@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar, NoReturn
 
-from pypto_common import configure_cli_logging, export_line, redact, redact_argv, redact_obj
+from pypto_common import cli_logging, export_line, redact, redact_argv, redact_obj
 
 from . import __version__
 from .config import STEPS, RunConfig
@@ -184,8 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(raw)
     command_line = redact_argv(["pypto-e2e", *raw], secrets)
     verbosity = -1 if args.quiet else args.verbose
-    configure_cli_logging(OWN_LOGGERS, verbosity, secrets=[*secrets, getattr(args, "token", None)])
+    with cli_logging(OWN_LOGGERS, verbosity, secrets=[*secrets, getattr(args, "token", None)]):
+        return _main(args, secrets, command_line)
 
+
+def _main(args: argparse.Namespace, secrets: list[str], command_line: list[str]) -> int:
     def say(msg: str) -> None:
         if not args.quiet:
             print(redact(msg, secrets), file=sys.stderr, flush=True)

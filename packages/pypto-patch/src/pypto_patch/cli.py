@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pypto_common import configure_cli_logging, export_line, redact, redact_obj
+from pypto_common import cli_logging, export_line, redact, redact_obj
 
 from . import __version__
 from .core import apply, restore, status
@@ -276,7 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT.USAGE
-    configure_cli_logging(["pypto_patch"], args.verbose, fmt="pypto-patch: %(message)s")
+    with cli_logging(["pypto_patch"], args.verbose, fmt="pypto-patch: %(message)s"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     handler = {
         "apply": _cmd_apply,
         "restore": _cmd_restore,
