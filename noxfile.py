@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -90,10 +91,13 @@ def _install_local(
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
-    """Run pytest; "no tests collected" (exit 5) is a failure, never a silent pass."""
-    code = session.run("pytest", *paths, *session.posargs, success_codes=[0, 5])
-    if code == 5:
-        session.error(f"pytest collected no tests under {', '.join(paths)}")
+    """Run pytest; "no tests collected" (exit 5) is a failure, never a silent pass.
+
+    Only exit 0 succeeds: nox returns True, not the exit status, for a non-silent command,
+    so accepting 5 and inspecting the return value would let an empty collection pass.
+    """
+    session.log(f"pytest over {', '.join(paths)}: exit 5 here means no tests were collected")
+    session.run("pytest", *paths, *session.posargs, success_codes=[0])
 
 
 RUFF_PIN = "ruff==0.17.6"
@@ -253,6 +257,42 @@ def build(session: nox.Session) -> None:
         session.log(f"building {name}")
         session.run("python", "-m", "build", "--outdir", str(dist), str(path))
     session.run("twine", "check", "--strict", *[str(p) for p in sorted(dist.iterdir())])
+
+
+RELEASE_REQUIREMENTS = ROOT / "tools" / "release-requirements.txt"
+
+
+def _carries_secret(args: list[str]) -> bool:
+    """Whether a command line holds a credential, judged by pypto_common's one redactor.
+
+    nox logs every command it runs (and again when it fails), so a token on the command
+    line would be printed before the release tool could refuse it. pypto-common is
+    standard library only, so its source imports here without installing anything.
+    """
+    sys.path.insert(0, str(PACKAGES_DIR / "pypto-common" / "src"))
+    try:
+        from pypto_common import redact_argv
+    finally:
+        sys.path.pop(0)
+    return redact_argv(args) != list(args)
+
+
+@nox.session
+@nox.parametrize("name", list(_packages()), ids=list(_packages()))
+def release(session: nox.Session, name: str) -> None:
+    """Release one package: checks, sdist + wheel, twine check --strict, upload, tag.
+
+    A thin layer over tools/release.py (docs/releasing.md); flags go after ``--``:
+    ``--dry-run`` (everything but upload and tag), ``--repository-url URL``, ``--with
+    SIBLING``, ``--with-deps``. The upload token comes from $PYPTO_RELEASE_TOKEN only.
+    """
+    if _carries_secret(session.posargs):
+        session.error(
+            "a credential is on the command line (nox would print it): remove it and put the "
+            "token in $PYPTO_RELEASE_TOKEN"
+        )
+    session.install("-r", str(RELEASE_REQUIREMENTS), "-e", str(PACKAGES_DIR / "pypto-common"))
+    session.run("python", str(ROOT / "tools" / "release.py"), name, *session.posargs)
 
 
 @nox.session
