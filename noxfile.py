@@ -233,9 +233,16 @@ def download_hub(session: nox.Session, hub: str) -> None:
 @nox.session
 @nox.parametrize("transformers", ["5.8.0", "5.24.0"], ids=["5.8.0", "5.24.0"])
 def transformers_range(session: nox.Session, transformers: str) -> None:
-    """Capture and bench tests at both ends of the supported transformers range."""
+    """Capture, bench and model-family tests at both ends of the supported transformers range."""
     packages = _packages()
-    wanted = [n for n in ("pypto-capture", "pypto-bench") if n in packages]
+    at_the_ends = (
+        "pypto-capture",
+        "pypto-bench",
+        "pypto-models-gemma4",
+        "pypto-models-minimax",
+        "pypto-models-llada2",
+    )
+    wanted = [n for n in at_the_ends if n in packages]
     names: list[str] = []
     for n in wanted:
         names += [d for d in _local_closure(n, packages, ("test", "test-hf")) if d not in names]

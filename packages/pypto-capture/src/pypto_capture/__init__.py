@@ -39,6 +39,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .explain import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
+from .layout import layer_pattern
 from .mitigations import MitigationHandle, apply_capture_mitigations
 from .moe import StaticMoERouting, round_robin_assignment
 
@@ -73,6 +74,7 @@ __all__ = [
     "capture_safe_cache_class",
     "device_name",
     "explain_capture_error",
+    "layer_pattern",
     "make_backend",
     "make_capture_safe_cache",
     "memory_stats",

@@ -179,8 +179,13 @@ def _fresh_function(fn: Callable[[], Any]) -> Callable[[], Any]:
 
     Dynamo keeps its compiled-graph cache on the code object, so every runner built from the
     same source line would share (and exhaust) one cache; a fresh code object gives each
-    capture its own, and a recompile then really means a guard failed.
+    capture its own, and a recompile then really means a guard failed. A bound method (the
+    decode runner captures ``self._step``) gets a fresh copy of its function, bound to the
+    same object: otherwise every runner in a process shares one cache and the ninth model
+    compiled hits dynamo's recompile limit.
     """
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return types.MethodType(_fresh_function(fn.__func__), fn.__self__)
     if not isinstance(fn, types.FunctionType):
         return fn
     code = fn.__code__.replace()

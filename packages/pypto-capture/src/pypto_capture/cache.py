@@ -22,6 +22,14 @@ sliding-window models (gemma3, mistral, qwen2 with sliding windows) cannot repla
 
 Ring slots are safe for attention because rotary embeddings are applied before caching:
 key order does not matter, only which slots the mask lets through.
+
+Layers that *consume* another layer's keys/values (KV sharing, e.g. Gemma 3n / Gemma 4's
+``num_kv_shared_layers``: transformers 5.24 gives them a ``DummyLayer`` without tensors,
+5.8 leaves them out of the prefill cache) hold no ring at all: they read the ring of the
+last producing layer of their type, which the model passes along itself, and the mask of
+their layer type is the producer's. Sliding windows come from the prefill cache's layers
+and, where a layer there reports none (transformers 5.8 builds Gemma 4's prefill cache from
+plain full layers), from ``config.layer_types`` / ``config.sliding_window``.
 """
 
 from __future__ import annotations
@@ -60,12 +68,24 @@ def capture_safe_cache_class() -> type:
         keys: torch.Tensor
         values: torch.Tensor
 
-        def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
+        def __init__(
+            self,
+            cache_len: int,
+            window: int | None,
+            write_pos: torch.Tensor,
+            holds_cache: bool = True,
+        ):
             super().__init__()
             self.max_cache_len = cache_len
             self.sliding_window = window
             self.is_sliding = window is not None
             self.write_pos = write_pos
+            # False for a KV-sharing consumer: no buffers, never written (see module docstring).
+            self.holds_cache = holds_cache
+            if not holds_cache:
+                self.keys = cast(Any, None)
+                self.values = cast(Any, None)
+                self.is_initialized = True
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             # Only reached when update() runs before load_prefill(): an eager call, never a capture.
@@ -80,6 +100,11 @@ def capture_safe_cache_class() -> type:
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ):
+            if not self.holds_cache:
+                raise UnsupportedModelError(
+                    "a layer that shares another layer's keys/values tried to write the cache; "
+                    "this model's KV sharing is not the kind pypto-capture supports"
+                )
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             n = key_states.shape[-2]
@@ -104,6 +129,15 @@ def capture_safe_cache_class() -> type:
         def get_max_length(self) -> int:
             return self.max_cache_len
 
+        def nbytes(self) -> int:
+            """Bytes of this layer's key and value buffers (0 before they exist, or when shared)."""
+            if not self.holds_cache or not self.is_initialized or self.keys is None:
+                return 0
+            return int(
+                self.keys.numel() * self.keys.element_size()
+                + self.values.numel() * self.values.element_size()
+            )
+
         def get_max_cache_shape(self) -> int:  # transformers < 5.2x name
             return self.max_cache_len
 
@@ -122,11 +156,22 @@ def capture_safe_cache_class() -> type:
             windows: list[int | None],
             layer_types: list[str],
             device: torch.device,
+            shared: list[bool] | None = None,
         ):
             self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
+            shared = list(shared) if shared is not None else [False] * len(windows)
+            if len(shared) != len(windows):
+                raise UnsupportedModelError(
+                    f"{len(shared)} KV-sharing flags for {len(windows)} layers; pass one per layer"
+                )
             layers = [
-                CaptureSafeLayer(min(w, max_cache_len) if w else max_cache_len, w, self.write_pos)
-                for w in windows
+                CaptureSafeLayer(
+                    min(w, max_cache_len) if w else max_cache_len,
+                    w,
+                    self.write_pos,
+                    holds_cache=not s,
+                )
+                for w, s in zip(windows, shared, strict=True)
             ]
             # Cache types ``layers`` as a list of its own layer union (list is invariant).
             super().__init__(layers=cast("list[Any]", layers))
@@ -141,10 +186,18 @@ def capture_safe_cache_class() -> type:
             self._aranges: dict[int, torch.Tensor] = {}
             lengths: dict[str, int] = {}
             for t, layer in zip(self.layer_types, layers, strict=True):
+                if not layer.holds_cache:
+                    continue  # reads its producer's ring under the producer's mask
                 if lengths.setdefault(t, layer.max_cache_len) != layer.max_cache_len:
                     raise UnsupportedModelError(
                         f"layers of type {t!r} have different cache lengths; one mask per layer type "
                         "cannot serve them (report this model to pypto-capture)"
+                    )
+            for t, layer in zip(self.layer_types, layers, strict=True):
+                if not layer.holds_cache and t not in lengths:
+                    raise UnsupportedModelError(
+                        f"a layer of type {t!r} shares keys/values but no layer of that type holds "
+                        "a cache to share; this model's KV sharing is not supported"
                     )
             self.type_lengths = lengths
             for n in set(lengths.values()):
@@ -164,22 +217,34 @@ def capture_safe_cache_class() -> type:
                     f"prompt of {p} tokens does not fit max_cache_len={self.capacity}; raise max_cache_len"
                 )
             src_layers = getattr(prefilled, "layers", None)
-            if src_layers is None or len(src_layers) != len(self.layers):
+            if src_layers is None or len(src_layers) > len(self.layers):
                 raise UnsupportedModelError(
                     "the prefill cache has no per-layer tensors matching the model's layers "
                     f"({type(prefilled).__name__}); this model's cache layout is not supported"
                 )
             rings = cast("list[CaptureSafeLayer]", self.layers)  # built in __init__
-            for dst, src in zip(rings, src_layers, strict=True):
-                k, v = src.keys, src.values
-                if k is None or k.dim() != 4:
+            for i, dst in enumerate(rings):
+                src = src_layers[i] if i < len(src_layers) else None
+                k = getattr(src, "keys", None)
+                v = getattr(src, "values", None)
+                if not dst.holds_cache:
+                    if k is not None:
+                        raise UnsupportedModelError(
+                            f"layer {i} should share another layer's keys/values but the prefill "
+                            "cached its own; this model's KV sharing is not supported"
+                        )
+                    continue
+                if k is None or v is None or k.dim() != 4:
                     raise UnsupportedModelError(
-                        f"prefill cache layer {type(src).__name__} holds no 4D keys"
+                        f"prefill cache layer {i} ({type(src).__name__}) holds no 4D keys; "
+                        "this model's cache layout is not supported"
                     )
                 if (
                     dst.keys is None
                     or dst.keys.shape[:2] != k.shape[:2]
                     or dst.keys.shape[-1] != k.shape[-1]
+                    or dst.values.shape[1] != v.shape[1]
+                    or dst.values.shape[-1] != v.shape[-1]
                 ):
                     dst.keys = k.new_zeros((k.shape[0], k.shape[1], dst.max_cache_len, k.shape[-1]))
                     dst.values = v.new_zeros(
@@ -208,6 +273,40 @@ def capture_safe_cache_class() -> type:
         def seq_length(self) -> int:
             """Tokens written so far (prompt + decoded), read on the host: syncs; not for capture."""
             return int(self.write_pos.item())
+
+        def describe(self) -> dict[str, Any]:
+            """Per-layer slots, heads and bytes, the layer-type pattern and the total.
+
+            What a report prints next to its memory figure: sliding layers hold ``window``
+            slots, full layers ``max_cache_len``, KV-sharing consumers nothing.
+            """
+            from .layout import layer_pattern
+
+            rings = cast("list[CaptureSafeLayer]", self.layers)
+            layers = []
+            for i, (t, layer) in enumerate(zip(self.layer_types, rings, strict=True)):
+                entry: dict[str, Any] = {"index": i, "type": t, "shared": not layer.holds_cache}
+                if layer.holds_cache:
+                    entry["slots"] = layer.max_cache_len
+                    if layer.is_initialized and layer.keys is not None:
+                        entry["kv_heads"] = int(layer.keys.shape[1])
+                        entry["head_dim"] = int(layer.keys.shape[-1])
+                        entry["value_head_dim"] = int(layer.values.shape[-1])
+                    entry["bytes"] = layer.nbytes()
+                layers.append(entry)
+            return {
+                "pattern": layer_pattern(self.layer_types),
+                "max_cache_len": self.capacity,
+                "batch_size": self.batch_size_,
+                "slots_per_type": dict(self.type_lengths),
+                "layers": layers,
+                "total_bytes": self.nbytes(),
+            }
+
+        def nbytes(self) -> int:
+            """Bytes held by every layer's key and value buffers (the KV cache's memory)."""
+            rings = cast("list[CaptureSafeLayer]", self.layers)
+            return sum(layer.nbytes() for layer in rings)
 
         def reset(self) -> None:
             self.write_pos.zero_()
@@ -272,6 +371,21 @@ def _layer_types_of(config: Any, n_layers: int) -> list[str]:
     return ["full_attention"] * n_layers
 
 
+def _config_kv_consumers(config: Any, n_layers: int) -> list[bool]:
+    """Which layers reuse another layer's keys/values, from the config alone.
+
+    transformers >= 5.2x exposes ``kv_sharing_modes`` ("reuse" marks a consumer); before
+    that, Gemma 3n / Gemma 4 configs say ``num_kv_shared_layers``: the last N layers.
+    """
+    modes = getattr(config, "kv_sharing_modes", None)
+    if isinstance(modes, (list, tuple)) and len(modes) == n_layers:
+        return [m == "reuse" for m in modes]
+    shared = getattr(config, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and 0 < shared <= n_layers:
+        return [i >= n_layers - shared for i in range(n_layers)]
+    return [False] * n_layers
+
+
 def make_capture_safe_cache(
     model: Any,
     *,
@@ -283,19 +397,31 @@ def make_capture_safe_cache(
     """Build a ``CaptureSafeCache`` for ``model``.
 
     Per-layer windows come from the layers of an eager prefill cache when given (what
-    transformers itself decided for this model), else from ``config.layer_types`` and
-    ``config.sliding_window``.
+    transformers itself decided for this model), else, and for any layer there that
+    reports none, from ``config.layer_types`` and ``config.sliding_window``. Layers that
+    share another layer's keys/values (a prefill layer without tensors, or absent, or
+    marked by the config) get no ring.
     """
     config = getattr(model, "config", model)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     n_layers = int(text_config.num_hidden_layers)
     layer_types = _layer_types_of(text_config, n_layers)
+    win = getattr(text_config, "sliding_window", None)
+    config_windows = [
+        int(win) if ("sliding" in t and isinstance(win, int) and win > 0) else None
+        for t in layer_types
+    ]
+    shared = _config_kv_consumers(text_config, n_layers)
     src_layers = getattr(prefilled, "layers", None) if prefilled is not None else None
-    if src_layers is not None and len(src_layers) == n_layers:
-        windows = [_layer_window(layer) for layer in src_layers]
+    if src_layers is not None and 0 < len(src_layers) <= n_layers:
+        windows = []
+        for i in range(n_layers):
+            src = src_layers[i] if i < len(src_layers) else None
+            windows.append(_layer_window(src) or config_windows[i])
+            if src is None or getattr(src, "keys", None) is None:
+                shared[i] = True
     else:
-        win = getattr(text_config, "sliding_window", None)
-        windows = [int(win) if ("sliding" in t and win) else None for t in layer_types]
+        windows = config_windows
     cls = capture_safe_cache_class()
     return cls(
         batch_size=batch_size,
@@ -303,4 +429,5 @@ def make_capture_safe_cache(
         windows=windows,
         layer_types=layer_types,
         device=device,
+        shared=shared,
     )

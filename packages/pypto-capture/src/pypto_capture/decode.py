@@ -207,16 +207,18 @@ class DecodeStepRunner:
         if fresh:
             self.reset()
 
-    def _snapshot(self) -> list[torch.Tensor]:
+    def _state_tensors(self) -> list[torch.Tensor]:
         tensors = [self.tok, self.cache.write_pos]
         for layer in self.cache.layers:
-            tensors += [layer.keys, layer.values]
-        return [t.clone() for t in tensors]
+            if layer.keys is not None:  # KV-sharing consumers hold no buffers
+                tensors += [layer.keys, layer.values]
+        return tensors
+
+    def _snapshot(self) -> list[torch.Tensor]:
+        return [t.clone() for t in self._state_tensors()]
 
     def _restore(self, snap: list[torch.Tensor]) -> None:
-        tensors = [self.tok, self.cache.write_pos]
-        for layer in self.cache.layers:
-            tensors += [layer.keys, layer.values]
+        tensors = self._state_tensors()
         with torch.no_grad():
             for dst, src in zip(tensors, snap, strict=True):
                 dst.copy_(src)
