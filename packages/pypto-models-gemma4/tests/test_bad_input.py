@@ -104,3 +104,39 @@ def test_an_unsupported_variant_is_refused(tiny_31b, pinned_copy, snapshot):
         _load(folder)
     assert "encoder, not a causal decoder" in _one_line(err)
     assert snapshot(folder) == before
+
+
+def test_patch_refuses_a_folder_that_does_not_fit_before_writing(tmp_path):
+    """pypto-patch runs the preset's check first: a Llama folder (or the E2B checkpoint)
+    pinned as gemma4_31b_it is refused in one line and left byte-identical."""
+    import subprocess
+    import sys
+
+    from pypto_patch import EXIT
+    from pypto_testing.gemma4 import make_tiny_gemma4
+    from pypto_testing.models import make_tiny_model
+
+    for folder in (
+        make_tiny_model(tmp_path / "llama", "llama"),
+        make_tiny_gemma4(tmp_path / "e2b", "e2b"),
+    ):
+        before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pypto_patch",
+                "apply",
+                "--model-family",
+                "gemma4_31b_it",
+                "--model-path",
+                str(folder),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == EXIT.USAGE, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "does not fit preset 'gemma4_31b_it'" in proc.stderr
+        assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before

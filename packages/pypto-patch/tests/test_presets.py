@@ -11,6 +11,7 @@ import pytest
 
 import pypto_patch as pp
 from pypto_patch import (
+    EXIT,
     Preset,
     PresetInvalidError,
     UnknownFamilyError,
@@ -166,3 +167,44 @@ def test_preset_passed_in_code(hf_folder: Path):
     res = apply(hf_folder, preset=GOOD)
     assert res.family == "fam"
     assert (hf_folder / "modeling_fam.py").read_text() == "y = 2\n"
+
+
+def _only_gemma4(config):
+    if config.get("model_type") != "gemma4":
+        raise ValueError(
+            f"model_type {config.get('model_type')!r} is not gemma4; use another preset"
+        )
+
+
+@pytest.mark.parametrize("overlay", [False, True])
+def test_a_preset_check_refuses_a_folder_before_anything_is_written(
+    hf_folder, tmp_path, snap, overlay
+):
+    from pypto_patch import PresetMismatchError
+
+    config = json.loads((hf_folder / "config.json").read_text())
+    assert config.get("model_type") != "gemma4"
+    before = snap(hf_folder)
+    out = tmp_path / "overlay" if overlay else None
+    with pytest.raises(PresetMismatchError, match="does not fit preset 'fam'") as info:
+        apply(hf_folder, preset={**GOOD, "check": _only_gemma4}, output_dir=out)
+    assert "\n" not in str(info.value)
+    assert info.value.exit_code == EXIT.USAGE
+    assert snap(hf_folder) == before
+    assert out is None or not out.exists()
+
+
+def test_a_preset_check_that_passes_lets_the_pin_happen(hf_folder):
+    seen = []
+    res = apply(hf_folder, preset={**GOOD, "check": seen.append})
+    assert res.family == "fam"
+    assert seen
+    assert (
+        seen[0]["model_type"]
+        == json.loads((hf_folder / "config.json.pypto_orig").read_text())["model_type"]
+    )
+
+
+def test_a_check_that_is_not_callable_is_an_invalid_preset(hf_folder):
+    with pytest.raises(PresetInvalidError, match="'check' must be a callable"):
+        apply(hf_folder, preset={**GOOD, "check": "nope"})

@@ -57,6 +57,9 @@ def preset_for(family: str) -> dict[str, Any]:
                 family=family, suffix=_SUFFIX[family]
             ),
         },
+        # pypto-patch runs this before writing anything: a folder that is not this
+        # variant's checkpoint is refused in one line, untouched (not only at load time).
+        "check": lambda config: check_folder_config(family, config),
     }
 
 

@@ -46,6 +46,7 @@ from .errors import (
     NotPatchedError,
     PatchError,
     PatchFailedError,
+    PresetMismatchError,
     ReadOnlyFolderError,
     UnsafePathError,
 )
@@ -400,6 +401,25 @@ def _record_signature(files: list[Mapping[str, Any]]) -> set[tuple[str, str, str
     return {(f["path"], f["action"], f.get("patched_sha256")) for f in files}
 
 
+def _check_folder_fits(root: Path, preset: Preset) -> None:
+    """Run the preset's own config check before anything is written.
+
+    Why: a Llama folder pinned with a Gemma 4 preset would otherwise be pinned happily
+    and fail only at load time, after the folder was changed. The check comes from the
+    model package (``check`` in its preset dict), so pypto-patch still names no family.
+    """
+    if preset.check is None:
+        return
+    config, _raw = _read_config(root)
+    try:
+        preset.check(config)
+    except ValueError as err:
+        detail = " ".join(str(err).split())
+        raise PresetMismatchError(
+            f"{root / 'config.json'} does not fit preset {preset.family!r}: {detail}"
+        ) from None
+
+
 def _plan(
     root: Path, preset: Preset, *, in_place: bool, known_backups: frozenset[str] = frozenset()
 ) -> _Plan:
@@ -675,6 +695,7 @@ def apply(
             "--replace-overlay only applies with --output-dir (it replaces an earlier overlay there)"
         )
     chosen = _build_preset(family, preset, auto_map, copies, source_root)
+    _check_folder_fits(root, chosen)
     if output_dir is not None:
         from .overlay import apply_overlay
 

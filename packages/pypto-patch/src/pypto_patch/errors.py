@@ -62,6 +62,10 @@ class BadInputError(PatchError):
     exit_code = EXIT.USAGE
 
 
+class PresetMismatchError(BadInputError):
+    """The folder's config.json does not fit the chosen preset (the preset's own check)."""
+
+
 class ModelFolderError(BadInputError):
     """The model folder is missing, has no usable config.json, or cannot be written."""
 

@@ -63,7 +63,7 @@ __all__ = [
 _FAMILY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # transformers splits a class reference on exactly one dot: "<module file stem>.<Class>".
 _CLASS_REF_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
-_KNOWN_KEYS = {"family", "version", "description", "auto_map", "files"}
+_KNOWN_KEYS = {"family", "version", "description", "auto_map", "files", "check"}
 # Loading classes a multimodal preset tends to map alone; a causal-LM load would then
 # silently fall back to the folder's own (remote or native) class.
 _MULTIMODAL_KEYS = {"AutoModelForImageTextToText", "AutoModelForVision2Seq"}
@@ -159,6 +159,9 @@ class Preset:
     distribution: str | None = None
     distribution_version: str | None = None
     custom: bool = field(default=False, compare=False)
+    #: Optional ``check(config_dict)`` from the model package: raises ``ValueError`` (one
+    #: line) when a folder's config.json does not fit this preset; run before any write.
+    check: Callable[[Mapping[str, Any]], None] | None = field(default=None, compare=False)
 
     @classmethod
     def from_dict(
@@ -330,6 +333,11 @@ def _validate(
                         f"{dest} imports '.{mod}' but 'files' does not place '{mod}.py'; "
                         "transformers would run the model folder's own copy of it",
                     )
+    check = data.get("check")
+    if check is not None and not callable(check):
+        raise fail(
+            origin, f"'check' must be a callable taking config.json as a dict, got {check!r}"
+        )
     return Preset(
         family=family,
         version=version,
@@ -339,6 +347,7 @@ def _validate(
         distribution=distribution,
         distribution_version=distribution_version,
         custom=custom,
+        check=check,
     )
 
 
