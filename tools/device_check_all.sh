@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every CUDA check of issues 4 (pypto-capture) and 5 (pypto-bench) in one prepared run,
+# Every CUDA check (pypto-capture, pypto-bench, the model families) in one prepared run,
 # for a lent GPU machine with torch (CUDA) + transformers preinstalled and no network:
 # the packages run from source via PYTHONPATH. A global deadline keeps the whole run
 # inside one device call; each step gets what is left of it. Results land in $OUT.
@@ -10,7 +10,7 @@ OUT="$(mktemp -d)"   # many files; the device tool brings back at most 8, so the
 mkdir -p "$FINAL"
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-450} ))
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export PYTHONPATH="$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/tools"
+export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/tools"
 left() { local l=$(( DEADLINE - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 step() {  # step <name> <max seconds> <command...>
   local name=$1 limit; limit=$(left "$2"); shift 2
@@ -26,6 +26,8 @@ step() {  # step <name> <max seconds> <command...>
   [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b1 120 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models tiny,0.5b --steps 64 --repeats 5 --batch 1
   mkdir -p "$OUT/bench"
   step bench_device 200 env OUT="$OUT/bench" RUN_TIMEOUT=90 bash tools/device_check_bench.sh
+  [ -n "${ONLY_BENCH:-}" ] || step gemma4_cuda_tests 90 python3 -m pytest -q -p no:cacheprovider -m cuda -rs packages/pypto-models-gemma4/tests
+  [ -n "${ONLY_BENCH:-}" ] || step bench_gemma4 150 sh -c 'python3 tools/bench_gemma4_cpu.py --device cuda --dtype bfloat16 --json > "$0/gemma4_cuda.json"' "$OUT"
   [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b8 60 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models 0.5b --steps 64 --repeats 5 --batch 8
 } 2>&1 | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
