@@ -91,6 +91,26 @@ def test_e2e_runs_every_step_with_the_gemma4_preset(e2e_run):
     assert set(arms) == {"eager", "graph"}
     assert all(a["ok"] for a in arms.values()), arms
     assert arms["graph"]["token_match"]["rate"] == 1.0
+    # The report names the layer-type pattern and the per-layer cache sizes: sliding layers
+    # hold `window` slots, full layers max_len, and the bytes add up to the formula.
+    from pypto_capture import layer_pattern
+    from pypto_testing.gemma4 import expected_kv_cache_bytes
+
+    cache = arms["graph"]["details"]["kv_cache"]
+    full_config = json.loads((e2e_run / "model" / "config.json").read_text())
+    config = full_config["text_config"]
+    assert cache["pattern"] == layer_pattern(config["layer_types"])
+    max_len = cache["max_cache_len"]
+    slots = {layer["type"]: layer["slots"] for layer in cache["layers"] if not layer["shared"]}
+    assert slots == {
+        "sliding_attention": min(config["sliding_window"], max_len),
+        "full_attention": max_len,
+    }
+    assert cache["total_bytes"] == expected_kv_cache_bytes(
+        full_config, batch=2, max_cache_len=max_len
+    )
+    markdown = (e2e_run / "report" / "report.md").read_text()
+    assert cache["pattern"] in markdown
 
 
 @pytest.mark.slow

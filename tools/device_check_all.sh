@@ -10,7 +10,7 @@ OUT="$(mktemp -d)"   # many files; the device tool brings back at most 8, so the
 mkdir -p "$FINAL"
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-450} ))
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/tools"
+export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/packages/pypto-models-minimax/src:$PWD/tools"
 left() { local l=$(( DEADLINE - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 step() {  # step <name> <max seconds> <command...>
   local name=$1 limit; limit=$(left "$2"); shift 2
@@ -28,6 +28,8 @@ step() {  # step <name> <max seconds> <command...>
   step bench_device 200 env OUT="$OUT/bench" RUN_TIMEOUT=90 bash tools/device_check_bench.sh
   [ -n "${ONLY_BENCH:-}" ] || step gemma4_cuda_tests 90 python3 -m pytest -q -p no:cacheprovider -m cuda -rs packages/pypto-models-gemma4/tests
   [ -n "${ONLY_BENCH:-}" ] || step bench_gemma4 150 sh -c 'python3 tools/bench_gemma4_cpu.py --device cuda --dtype bfloat16 --json > "$0/gemma4_cuda.json"' "$OUT"
+  [ -n "${ONLY_BENCH:-}" ] || step moe_cuda_tests 60 python3 -m pytest -q -p no:cacheprovider -rs packages/pypto-capture/tests/test_moe_exact.py -k device
+  [ -n "${ONLY_BENCH:-}" ] || step bench_moe 150 python3 tools/bench_moe_cpu.py --device cuda --dtype bfloat16
   [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b8 60 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models 0.5b --steps 64 --repeats 5 --batch 8
 } 2>&1 | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL/summary.txt"

@@ -33,6 +33,7 @@ _ALL_SET = BenchConfig(
     block_length=4,
     report_file="/tmp/r.json",
     measure_bandwidth=False,
+    moe_routing="static",
 )
 
 

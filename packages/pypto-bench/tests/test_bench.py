@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pypto_bench import BenchConfig, RegimeNotSupportedError, run_bench, schema
-from pypto_bench.report import report_to_markdown, validate_report
+from pypto_bench.report import SCHEMA_VERSION, report_to_markdown, validate_report
 
 
 def test_decode_report_matches_schema_and_is_consistent(decode_report):
@@ -17,7 +17,7 @@ def test_decode_report_matches_schema_and_is_consistent(decode_report):
     data = json.loads(path.read_text())
     jsonschema.validate(data, schema())
     validate_report(data)
-    assert data["schema_version"] == "1.0"
+    assert data["schema_version"] == SCHEMA_VERSION == "1.1"
     assert data["regime"] == "decode"
     assert data["ok"] is True
     versions = data["environment"]["versions"]

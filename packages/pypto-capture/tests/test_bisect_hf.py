@@ -68,3 +68,58 @@ def test_bisect_finds_and_runs_the_moe_block():
     result = bisect_capture(model, backend="eager", device="cpu")
     assert [s["ok"] for s in result.stages] == [True, True, True, True]
     assert result.failed_stage is None
+
+
+def _moe_model(experts_implementation, mlp_layer_types=None):
+    from transformers import AutoConfig
+
+    extra = {}
+    if mlp_layer_types is not None:  # MiniMax M3: dense first layers, then MoE
+        extra = dict(
+            dense_intermediate_size=64,
+            shared_intermediate_size=32,
+            mlp_layer_types=mlp_layer_types,
+            layer_types=["full_attention"] * len(mlp_layer_types),
+            index_head_dim=16,
+        )
+    cfg = AutoConfig.for_model(
+        "minimax_m3_vl_text" if mlp_layer_types else "minimax_m2",
+        hidden_size=64, intermediate_size=32, num_hidden_layers=len(mlp_layer_types or [0]),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=259,
+        num_local_experts=4, num_experts_per_tok=2, rotary_dim=8, max_position_embeddings=128,
+        **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(
+        cfg, attn_implementation="eager", experts_implementation=experts_implementation
+    ).eval()
+
+
+@pytest.mark.timeout(600)
+def test_bisect_moe_stage_explains_routing_and_proves_the_exact_fix():
+    """transformers' data-dependent experts loop fails the compile backend's capture; the
+    MoE stage says why (routing) and that apply_exact_moe captures the same block."""
+    model = _moe_model("eager")
+    experts = model.model.layers[0].mlp.experts
+    result = bisect_capture(model, backend="compile", device="cpu")
+    moe = next(s for s in result.stages if s["stage"] == "moe")
+    assert moe["ok"] is False
+    assert "apply_exact_moe" in moe["explanation"].fix
+    assert "experts loop" in moe["explanation"].cause
+    assert moe["exact_moe"] == {
+        "ok": True,
+        "error": None,
+        "fix": "pypto_capture.apply_exact_moe(model)",
+    }
+    assert "forward" not in vars(experts)  # the block is restored afterwards
+    json.dumps(result.to_dict())
+
+
+def test_bisect_finds_the_moe_block_behind_dense_layers():
+    pytest.importorskip(
+        "transformers.models.minimax_m3_vl", reason="MiniMax M3 needs transformers>=5.12"
+    )
+    model = _moe_model("grouped_mm", mlp_layer_types=["dense", "sparse"])
+    result = bisect_capture(model, backend="eager", device="cpu")
+    moe = next(s for s in result.stages if s["stage"] == "moe")
+    assert moe["ok"] is True  # found in layer 1 (layer 0 is dense), not "not present"

@@ -139,3 +139,65 @@ def test_507011_and_507014_are_told_apart():
     assert (execute.code, execute.name) == ("507011", "ACL_ERROR_RT_MODEL_EXECUTE")
     assert (timeout.code, timeout.name) == ("507014", "ACL_ERROR_RT_AICORE_TIMEOUT")
     assert "routing tables" in execute.fix
+
+
+# --- MoE: the same runtime codes, with the failing op named -----------------------------
+
+MOE_RECORDED = [
+    # The seed's sort-based dispatch on an Ascend NPU (argsort(int64) runs on AICPU).
+    (
+        "RuntimeError: aclmdlRICaptureEnd failed, error code is 107027. [ERROR] op "
+        "ArgSort(int64) of block_sparse_moe.experts launched on AICPU during capture",
+        "107027",
+        "argsort",
+    ),
+    ("bincount on the expert ids: error code is 107027", "107027", "bincount"),
+    (
+        "aclmdlRIExecuteAsync failed, error code is 507011 (moe routing cumsum in graph)",
+        "507011",
+        "cumsum",
+    ),
+    (
+        "The aicore execution is abnormal. error code is 507015: grouped_matmul of the MoE "
+        "experts got group_list [3, 0, 5]",
+        "507015",
+        "per-expert token counts",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "code", "words"), MOE_RECORDED)
+def test_moe_failures_get_the_moe_cause_and_the_exact_fix(text, code, words):
+    expl = explain_capture_error(text)
+    assert expl.code == code
+    assert expl.name == PUBLISHED_ACL_RT_NAMES[code]  # the published name stays
+    assert words in expl.cause
+    assert "apply_exact_moe" in expl.fix
+    assert "\n" not in str(expl)
+
+
+def test_the_same_codes_without_moe_keep_their_general_cause():
+    expl = explain_capture_error("RuntimeError: error code is 107027 (.item() in mask code)")
+    assert "MoE routing ran" not in expl.cause
+    assert ".item()" in expl.cause
+
+
+def test_bisect_context_marks_a_failure_as_moe():
+    """bisect's MoE stage knows the region is an MoE block even when dynamo's message
+    only names the op."""
+    text = "torch._dynamo.exc.Unsupported: dynamic shape operator: aten.nonzero.default"
+    assert "experts" not in explain_capture_error(text).cause
+    moe = explain_capture_error(text, context="moe")
+    assert moe.code == "dynamic_shape"
+    assert "experts loop" in moe.cause
+    assert "apply_exact_moe" in moe.fix
+
+
+def test_a_graph_break_merely_inside_an_moe_model_is_not_blamed_on_routing():
+    text = (
+        "torch._dynamo.exc.Unsupported: Graph break due to unsupported builtin print\n"
+        '  File "modeling_minimax_m2.py", line 120, in forward\n    self.experts(hidden)'
+    )
+    expl = explain_capture_error(text)
+    assert expl.code == "graph_break"
+    assert "experts loop" not in expl.cause

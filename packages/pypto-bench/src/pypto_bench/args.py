@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig
+from .bench import ARMS, GRAPH_BACKENDS, MOE_ROUTINGS, REGIMES, BenchConfig
 from .loading import DTYPES
 
 # BenchConfig fields that are not user flags: the recorded command line is set by the
@@ -84,6 +84,13 @@ _FLAGS: tuple[_Flag, ...] = (
         "--compile-mode",
         "torch.compile mode for the compile backend (CPU), e.g. max-autotune-no-cudagraphs",
         metavar="MODE",
+    ),
+    _Flag(
+        "moe_routing",
+        "--moe-routing",
+        "MoE experts in the graph arms: exact (the model's outputs, capture-safe) or static "
+        "(fixed experts: a throughput proxy whose outputs differ by design)",
+        choices=MOE_ROUTINGS,
     ),
     _Flag("seed", "--seed", "torch seed set before loading", type=int, metavar="N"),
     _Flag(

@@ -48,6 +48,15 @@ log = logging.getLogger(__name__)
 REGIMES = ("prefill", "decode", "diffusion-generate")
 ARMS = ("eager", "graph", "pypto+graph")
 GRAPH_BACKENDS = ("auto", "compile", "cudagraph", "npugraph", "eager")
+#: How the graph arms run an MoE model's experts (pypto_capture.MOE_ROUTINGS, spelled here
+#: so building the CLI parser does not import torch).
+MOE_ROUTINGS = ("exact", "static")
+
+#: What the report says about an arm whose outputs are not the model's on purpose.
+STATIC_MOE_NOTE = (
+    "--moe-routing static: every token goes to fixed experts (a throughput proxy), so its "
+    "tokens are not the model's; no token match is computed"
+)
 
 ProgressFn = Callable[[str, int, int], None]
 
@@ -97,6 +106,9 @@ class BenchConfig:
     block_length: int | None = None
     report_file: str | None = None
     measure_bandwidth: bool = True
+    # MoE models only: "exact" (the model's routing, capture-safe: pypto_capture.
+    # apply_exact_moe) or "static" (the seed's fixed-expert proxy; outputs differ by design).
+    moe_routing: str = "exact"
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -134,6 +146,10 @@ class BenchConfig:
             raise BadInputError(
                 f"unknown graph backend {self.graph_backend!r}: choose one of {', '.join(GRAPH_BACKENDS)}"
             )
+        if self.moe_routing not in MOE_ROUTINGS:
+            raise BadInputError(
+                f"unknown MoE routing {self.moe_routing!r}: choose one of {', '.join(MOE_ROUTINGS)}"
+            )
         if self.diffusion_steps is not None and self.diffusion_steps < 1:
             raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
         if self.block_length is not None and (
@@ -169,6 +185,7 @@ class BenchConfig:
             "diffusion_steps": self.effective_diffusion_steps,
             "block_length": self.block_length,
             "measure_bandwidth": self.measure_bandwidth,
+            "moe_routing": self.moe_routing,
         }
 
     @property
@@ -358,6 +375,12 @@ def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
         runner.capture()
         synchronize(ctx.device)
         arm.details["capture_s"] = time.perf_counter() - start
+        describe = getattr(getattr(runner, "cache", None), "describe", None)
+        if callable(describe):
+            # The layer-type pattern and per-layer slots (sliding layers hold `window`,
+            # full layers max_cache_len): on CPU the allocator peak is 0, so this is the
+            # cache's memory figure, and its bytes are what each graph step reads.
+            arm.details["kv_cache"] = describe()
         runner.reset()
         for i in range(cfg.warmup):
             once()
@@ -447,63 +470,154 @@ def _fill_prefill(ctx: _Ctx, arm: ArmResult, times: list[float]) -> None:
 # --- diffusion ------------------------------------------------------------------------
 
 
-def _diffusion_call(ctx: _Ctx, forward: Callable[[Any], Any] | None) -> Any:
+def _diffusion_call(ctx: _Ctx, plan: dict[str, Any]) -> Any:
+    """One generation; ``plan`` holds the arm's keywords (``forward``, ``step_backend``,
+    ``native_static``), empty for the eager arm."""
     from .diffusion import diffusion_generate
 
     cfg = ctx.config
     steps = cfg.effective_diffusion_steps
     assert steps is not None  # the diffusion regime always has steps
-    out = diffusion_generate(
+    return diffusion_generate(
         ctx.model,
         ctx.input_ids,
         gen_length=cfg.gen,
         steps=steps,
         block_length=cfg.block_length,
-        forward=forward,
+        ignore_eos=cfg.ignore_eos,
+        **plan,
     )
-    return out.sequences, out.num_denoising_steps
 
 
-def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory, forward: Any = None) -> Any:
-    import torch
+def _diffusion_plan(ctx: _Ctx, arm: ArmResult) -> dict[str, Any]:
+    """How the arm drives the model (``details.diffusion.path`` reports which path ran).
+
+    eager: the model's own generation, uncaptured. graph: a protocol model that captures its
+    own step gets a pypto-capture backend (``step_backend``); another protocol model gets a
+    captured whole-sequence forward (``forward``); a transformers block-diffusion class runs
+    its own static-cache, compiled path.
+    """
+    from .diffusion import captures_own_step, native_block_diffusion
+
+    if arm.name == "eager":
+        return {}
+    if native_block_diffusion(ctx.model) and not captures_own_step(ctx.model):
+        arm.details["backend"] = "the model's own torch.compile (static cache)"
+        arm.outputs_differ_by_design = NATIVE_SAMPLING_NOTE.format(type(ctx.model).__name__)
+        return {"native_static": True}
+    if captures_own_step(ctx.model):
+        from pypto_capture import make_backend
+
+        backend = make_backend(
+            ctx.config.graph_backend, ctx.device, compile_mode=ctx.config.compile_mode
+        )
+        arm.details["backend"] = backend.name
+        return {"step_backend": backend}
+    return {"forward": _graph_forward(ctx)}
+
+
+#: Why a native block-diffusion arm has no token-match verdict.
+NATIVE_SAMPLING_NOTE = (
+    "{} generates through its own sampler (random canvases, multinomial draws): two runs "
+    "differ by design, so no token match is computed"
+)
+
+
+def _diffusion_sample(ctx: _Ctx, out: Any, seconds: float) -> dict[str, Any]:
+    """Per-iteration figures: tokens over generated positions up to EOS, NFE, forwards."""
+    from .diffusion import count_generated
 
     cfg = ctx.config
+    mask_id = getattr(ctx.model.config, "mask_token_id", None)
+    counts = count_generated(
+        out.sequences,
+        cfg.seq,
+        ctx.eos_ids,
+        unfilled_ids=[mask_id] if mask_id is not None else [],
+        ignore_eos=cfg.ignore_eos,
+        gen_length=cfg.gen,
+    )
+    tokens = sum(counts)
+    nfe = out.num_denoising_steps
+    return {
+        "counts": counts,
+        "tokens": tokens,
+        "seconds": seconds,
+        "nfe": nfe,
+        "forwards": out.num_forward_passes if out.num_forward_passes is not None else nfe,
+        "tok_s": tokens / seconds if seconds > 0 else 0.0,
+        "tpf": tokens / nfe if nfe else None,
+        "fps": nfe / seconds if nfe and seconds > 0 else None,
+    }
+
+
+def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    from .diffusion import native_block_diffusion
+
+    cfg = ctx.config
+    plan = _diffusion_plan(ctx, arm)
     calls = {"n": 0}
-    if forward is not None:
-        inner = forward
+    if "forward" in plan:
+        inner = plan["forward"]
         arm.details["backend"] = getattr(inner, "backend_name", None)
 
-        def forward(ids: Any) -> Any:
+        def counted(ids: Any) -> Any:
             calls["n"] += 1
             return inner(ids)
 
-    times: list[float] = []
-    seqs: Any = None
-    steps: Any = None
+        plan["forward"] = counted
+
+    samples: list[dict[str, Any]] = []
+    out: Any = None
     with torch.inference_mode():
-        if forward is not None:  # compile/capture outside timing, like the decode runner
-            _, arm.details["capture_s"] = _timed(ctx.device, lambda: _diffusion_call(ctx, forward))
+        if plan:  # compile/capture outside timing, like the decode runner
+            _, arm.details["capture_s"] = _timed(ctx.device, lambda: _diffusion_call(ctx, plan))
         for i in range(cfg.warmup):
-            _diffusion_call(ctx, forward)
+            _diffusion_call(ctx, plan)
             _tick(ctx, arm.name, i + 1)
         for i in range(cfg.iters):
-            (seqs, steps), seconds = _timed(ctx.device, lambda: _diffusion_call(ctx, forward))
-            times.append(seconds)
+            out, seconds = _timed(ctx.device, lambda: _diffusion_call(ctx, plan))
+            samples.append(_diffusion_sample(ctx, out, seconds))
             mem.sample()
             _tick(ctx, arm.name, cfg.warmup + i + 1)
-    expected = (cfg.batch, cfg.seq + cfg.gen)
-    if tuple(seqs.shape) != expected:
+    seqs = out.sequences
+    native = native_block_diffusion(ctx.model) and "step_backend" not in plan
+    rows, width = tuple(seqs.shape)
+    expected = cfg.seq + cfg.gen
+    if rows != cfg.batch or (width != expected if not native else width < expected):
         raise RuntimeError(
-            f"diffusion_generate returned sequences of shape {tuple(seqs.shape)}, expected {expected}"
+            f"diffusion generation returned sequences of shape {tuple(seqs.shape)}, expected "
+            f"({cfg.batch}, {expected}{' or more' if native else ''})"
         )
-    n = cfg.batch * cfg.gen  # generated positions only: the prompt is never counted
-    arm.tokens_per_s = summarize([n / t for t in times])
-    arm.seconds = summarize_seconds(times)
-    arm.tokens_per_iter = [n] * len(times)
-    arm.details["num_denoising_steps"] = steps
-    if forward is not None:
+    arm.tokens_per_s = summarize([s["tok_s"] for s in samples])
+    arm.seconds = summarize_seconds([s["seconds"] for s in samples])
+    arm.tokens_per_iter = [s["tokens"] for s in samples]
+    arm.details["num_denoising_steps"] = out.num_denoising_steps
+    arm.details["diffusion"] = {
+        "path": out.path or _default_path(plan, calls),
+        "tokens_per_forward": summarize([s["tpf"] for s in samples if s["tpf"] is not None]),
+        "forwards_per_s": summarize([s["fps"] for s in samples if s["fps"] is not None]),
+        "denoising_steps_per_iter": [s["nfe"] for s in samples],
+        "forward_passes_per_iter": [s["forwards"] for s in samples],
+        "steps_per_block": out.steps_per_block,
+        "tokens_per_row": samples[-1]["counts"],
+        "logits_finite": out.logits_finite,
+    }
+    if out.logits_finite is False:
+        arm.warnings.append(f"{arm.name}: the model produced non-finite logits (NaN/Inf)")
+    if "forward" in plan:
         arm.details["forward_used"] = calls["n"] > 0
     return seqs[:, cfg.seq :]
+
+
+def _default_path(plan: dict[str, Any], calls: dict[str, int]) -> str:
+    """The path of a protocol model that does not name its own."""
+    if "forward" in plan:
+        used = "used" if calls["n"] else "ignored by the model"
+        return f"diffusion_generate with a captured whole-sequence forward ({used})"
+    return "diffusion_generate (the model's own loop)"
 
 
 def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
@@ -560,11 +674,47 @@ def _kernels_for(ctx: _Ctx, arm_name: str) -> Any:
         yield plugins
 
 
+@contextlib.contextmanager
+def _moe_routing_for(ctx: _Ctx, arm: ArmResult) -> Any:
+    """The graph arms' MoE experts: exact by default, the static proxy on request.
+
+    The eager arm is the reference and keeps the model's own forward. A dense model comes
+    back with an empty handle and the arm is unchanged.
+    """
+    if arm.name == "eager":
+        yield None
+        return
+    from pypto_capture import apply_moe_routing
+
+    cfg = ctx.config
+    # The token counts a capture sees, so the static proxy's tables exist before it.
+    counts: tuple[int, ...] = {
+        "decode": (cfg.batch,),
+        "prefill": (cfg.batch * cfg.seq,),
+        # Full-prefix recompute sees the whole sequence; a block-cached step (LLaDA2's
+        # captured step) sees one block per row (32 when --block-length is unset).
+        "diffusion-generate": (
+            cfg.batch * (cfg.seq + cfg.gen),
+            cfg.batch * (cfg.block_length or 32),
+        ),
+    }[cfg.regime]
+    handle = apply_moe_routing(ctx.model, cfg.moe_routing, token_counts=counts)
+    try:
+        if handle.applied:
+            arm.details["moe_routing"] = cfg.moe_routing
+            arm.details["moe_layers"] = len(handle.modules)
+            if cfg.moe_routing == "static":
+                arm.outputs_differ_by_design = STATIC_MOE_NOTE
+        yield handle
+    finally:
+        handle.undo()
+
+
 def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
     regime = ctx.config.regime
     mem = _Memory(ctx.device)
     try:
-        with _kernels_for(ctx, arm.name) as plugins:
+        with _moe_routing_for(ctx, arm), _kernels_for(ctx, arm.name) as plugins:
             if plugins:
                 arm.details["plugins"] = [p.name for p in plugins]
             if regime == "decode":
@@ -574,8 +724,7 @@ def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
                 runner = _run_eager_prefill if arm.name == "eager" else _run_graph_prefill
                 tokens = runner(ctx, arm, mem)
             else:
-                forward = None if arm.name == "eager" else _graph_forward(ctx)
-                tokens = _run_diffusion(ctx, arm, mem, forward)
+                tokens = _run_diffusion(ctx, arm, mem)
             if plugins:
                 arm.details["plugin_reports"] = {p.name: p.report() for p in plugins}
     finally:
@@ -728,11 +877,15 @@ def _reference_tokens(ctx: _Ctx) -> Any:
         with torch.inference_mode():
             return _prefill_fn(ctx)().argmax(-1)
     with torch.inference_mode():
-        return _diffusion_call(ctx, None)[0][:, ctx.config.seq :]
+        return _diffusion_call(ctx, {}).sequences[:, ctx.config.seq :]
 
 
 def _check_agreement(ctx: _Ctx, report: Report, tokens: dict[str, Any]) -> None:
-    others = [a for a in report.arms if a.name != "eager" and a.ok]
+    # An arm whose outputs differ by design (the static MoE proxy) gets no verdict: a
+    # "mismatch" there would say nothing about capture.
+    others = [
+        a for a in report.arms if a.name != "eager" and a.ok and not a.outputs_differ_by_design
+    ]
     if not others:
         return
     ref = tokens.get("eager")
@@ -742,11 +895,21 @@ def _check_agreement(ctx: _Ctx, report: Report, tokens: dict[str, Any]) -> None:
         except Exception as err:
             report.warnings.append(f"no eager reference for the token match: {err}")
             return
-    decode = ctx.config.regime == "decode"
-    ref_counts = count_tokens(ref, ctx.eos_ids) if decode else [ref.shape[1]] * ref.shape[0]
+    regime = ctx.config.regime
+
+    def produced(t: Any) -> list[int]:
+        # Generated tokens are compared up to each row's EOS (diffusion: every position with
+        # --ignore-eos); prefill compares every position's argmax.
+        if regime == "decode":
+            return count_tokens(t, ctx.eos_ids)
+        if regime == "diffusion-generate":
+            return count_tokens(t, ctx.eos_ids, ignore_eos=ctx.config.ignore_eos)
+        return [t.shape[1]] * t.shape[0]
+
+    ref_counts = produced(ref)
     for arm in others:
         cand = tokens[arm.name]
-        cand_counts = count_tokens(cand, ctx.eos_ids) if decode else [cand.shape[1]] * cand.shape[0]
+        cand_counts = produced(cand)
         arm.token_match = match_rate(ref, cand, ref_counts, cand_counts)
         rate = arm.token_match["rate"]
         if rate is not None and rate < 1.0:
@@ -761,10 +924,17 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
     try:
         weights = weight_bytes_read_per_step(ctx.model)
         kv = kv_bytes_per_token(ctx.model)
+        moe = _moe_bytes(ctx.model, cfg.batch)
     except Exception as err:
         report.warnings.append(f"roofline skipped: {err}")
         return
     info: dict[str, Any] = {"weight_bytes": weights, "kv_bytes_per_token": kv}
+    if moe is not None:
+        # A decode step reads the routed experts only, not all of them.
+        weights = weights - moe["expert_bytes"] + moe["active_expert_bytes"]
+        info["weight_bytes"] = weights
+        info["expert_bytes"] = moe["expert_bytes"]
+        info["active_expert_bytes"] = moe["active_expert_bytes"]
     if cfg.measure_bandwidth:
         measured = measure_bandwidth(ctx.device)
         info["bandwidth_bytes_per_s"] = measured["bytes_per_s"]
@@ -779,11 +949,24 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
         # HF's dynamic cache reads the context so far (mean over the run); a static
         # cache attends over all max_cache_len slots every step.
         context = cfg.seq + cfg.gen / 2 if arm.name == "eager" else cfg.seq + cfg.gen
+        kv_arm: float = kv
+        cache_bytes = (arm.details.get("kv_cache") or {}).get("total_bytes")
+        if cache_bytes:
+            # The capture-safe cache reads every slot it holds each step (sliding layers
+            # only their window): per token of context, for the same formula.
+            kv_arm = cache_bytes / (cfg.batch * context)
         arm.roofline = roofline(
             weight_bytes=weights,
-            kv_per_token=kv,
+            kv_per_token=kv_arm,
             batch=cfg.batch,
             context_tokens=context,
             bandwidth=bw,
             measured_tok_s=arm.tokens_per_s["best"],
         )
+
+
+def _moe_bytes(model: Any, batch: int) -> dict[str, int] | None:
+    """Expert bytes and the routed ones a decode step of ``batch`` reads (None: dense)."""
+    from pypto_capture import moe_weight_bytes
+
+    return moe_weight_bytes(model, batch)

@@ -101,6 +101,32 @@ def torch_dtype(name: str):
     return "auto" if name == "auto" else getattr(torch, name)
 
 
+def _auto_class(config: dict[str, Any]) -> Any:
+    """AutoModelForCausalLM, or the image-text-to-text Auto class for a native type that
+    has no causal-LM mapping (transformers' block-diffusion classes, e.g. DiffusionGemma)."""
+    from transformers import AutoModelForCausalLM
+
+    model_type = str(config.get("model_type") or "")
+    try:
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        )
+    except ImportError:  # pragma: no cover - every supported transformers has them
+        return AutoModelForCausalLM
+    if (
+        model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        and str(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]).endswith(
+            "ForBlockDiffusion"
+        )
+    ):
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
 def load_model(
     model_path: str | Path | None,
     *,
@@ -120,8 +146,9 @@ def load_model(
             f"model type {config.get('model_type')!r} at {path} ships its own code: "
             "rerun with --trust-remote-code if you trust that folder"
         )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
+    auto_class = _auto_class(config)
     kwargs: dict[str, Any] = {
         "local_files_only": True,
         "trust_remote_code": trust_remote_code,
@@ -134,7 +161,7 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=trust_remote_code
         )
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model = auto_class.from_pretrained(str(path), **kwargs)
     except Exception as err:  # transformers raises many unrelated types here
         msg = redact(" ".join(str(err).split()))
         if "trust_remote_code" in msg and not trust_remote_code:

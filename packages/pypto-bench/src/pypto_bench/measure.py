@@ -124,14 +124,47 @@ def _text_config(model: Any) -> Any:
 
 
 def kv_bytes_per_token(model: Any) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    """K and V bytes one token adds to the cache, summed over the layers that hold one.
+
+    Uniform models: 2 x layers x kv_heads x head_dim x element size. Models whose head
+    shapes differ per layer type are summed per layer: transformers' heterogeneous
+    configs (``per_layer_config[i]``, Gemma 4 at 5.24, where the global attribute raises)
+    or the older ``global_head_dim`` / ``num_global_key_value_heads`` for full layers.
+    Layers that reuse another layer's keys and values (``num_kv_shared_layers``) add
+    nothing. A sliding layer's cap at its window is the cache's business (the graph arm
+    records ``kv_cache``), not a per-token figure.
+    """
     cfg = _text_config(model)
     layers = int(cfg.num_hidden_layers)
     heads = int(getattr(cfg, "num_attention_heads", 1))
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = getattr(cfg, "head_dim", None) or (int(cfg.hidden_size) // heads)
     elem = next(model.parameters()).element_size()
-    return 2 * layers * kv_heads * int(head_dim) * elem
+    shared = int(getattr(cfg, "num_kv_shared_layers", 0) or 0)
+    holding = range(layers - shared)
+
+    def shape(source: Any) -> tuple[int, int]:
+        kv = getattr(source, "num_key_value_heads", None) or heads
+        dim = getattr(source, "head_dim", None) or int(cfg.hidden_size) // heads
+        return int(kv), int(dim)
+
+    per_layer = getattr(cfg, "per_layer_config", None)
+    try:
+        views = [per_layer[i] for i in range(layers)] if per_layer is not None else None
+    except (IndexError, KeyError, TypeError):
+        views = None
+    if views is not None:
+        return elem * sum(2 * kv * dim for kv, dim in (shape(views[i]) for i in holding))
+    kv_heads, head_dim = shape(cfg)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    global_dim = getattr(cfg, "global_head_dim", None)
+    if global_dim and len(types) == layers:
+        global_kv = int(getattr(cfg, "num_global_key_value_heads", None) or kv_heads)
+        return elem * sum(
+            2 * global_kv * int(global_dim)
+            if types[i] == "full_attention"
+            else 2 * kv_heads * head_dim
+            for i in holding
+        )
+    return 2 * len(holding) * kv_heads * head_dim * elem
 
 
 def weight_bytes_read_per_step(model: Any) -> int:
@@ -157,7 +190,7 @@ def weight_bytes_read_per_step(model: Any) -> int:
 def roofline(
     *,
     weight_bytes: int,
-    kv_per_token: int,
+    kv_per_token: float,
     batch: int,
     context_tokens: float,
     bandwidth: float,

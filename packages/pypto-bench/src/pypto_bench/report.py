@@ -28,7 +28,7 @@ from .errors import BadInputError, ReportPathError, ReportWriteError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -47,6 +47,9 @@ class ArmResult:
     tokens_per_iter: list[int] = field(default_factory=list)
     ratio_to_eager: float | None = None
     token_match: dict[str, Any] | None = None
+    #: Why this arm's outputs are not the model's on purpose (e.g. the static MoE proxy);
+    #: such an arm gets no token-match verdict. None: its outputs must equal eager's.
+    outputs_differ_by_design: str | None = None
     memory: dict[str, Any] | None = None
     roofline: dict[str, Any] | None = None
     error: str | None = None
@@ -334,6 +337,7 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
         tps = arm["tokens_per_s"]
         mem = arm.get("memory") or {}
         match = (arm.get("token_match") or {}).get("rate")
+        by_design = bool(arm.get("outputs_differ_by_design"))
         roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
         ttft = (arm.get("ttft_s") or {}).get("median")
         rows.append(
@@ -346,7 +350,9 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
                 _fmt(tps.get("stdev")),
                 _fmt(ttft * 1000 if ttft is not None else None, ".2f"),
                 _fmt(arm.get("ratio_to_eager"), ".2f"),
-                _fmt(match * 100 if match is not None else None, ".1f"),
+                "by design"
+                if by_design
+                else _fmt(match * 100 if match is not None else None, ".1f"),
                 _mib(mem.get("peak_allocated")),
                 _mib(mem.get("peak_reserved")),
                 _fmt(roof * 100 if roof is not None else None, ".1f"),
@@ -371,6 +377,43 @@ HEADERS = [
 ]
 
 
+DIFFUSION_HEADERS = [
+    "arm",
+    "path",
+    "tok/forward",
+    "forwards/s",
+    "denoising steps",
+    "forward passes",
+    "steps per block",
+]
+
+
+def _diffusion_rows(data: dict[str, Any]) -> list[list[str]]:
+    """The diffusion-generate figures per arm (``details.diffusion``): which path ran,
+    tokens per forward (TPF), denoising forwards per second (FPS), the last iteration's
+    denoising steps (NFE), all forward passes (cache fills included), steps per block."""
+    rows = []
+    for arm in data["arms"]:
+        diff = (arm.get("details") or {}).get("diffusion")
+        if not arm.get("ok") or not diff:
+            continue
+        steps = diff.get("denoising_steps_per_iter") or [None]
+        passes = diff.get("forward_passes_per_iter") or [None]
+        per_block = diff.get("steps_per_block")
+        rows.append(
+            [
+                arm["name"],
+                str(diff.get("path") or "-"),
+                _fmt((diff.get("tokens_per_forward") or {}).get("median"), ".2f"),
+                _fmt((diff.get("forwards_per_s") or {}).get("median"), ".2f"),
+                "-" if steps[-1] is None else str(steps[-1]),
+                "-" if passes[-1] is None else str(passes[-1]),
+                "-" if per_block is None else ",".join(str(n) for n in per_block),
+            ]
+        )
+    return rows
+
+
 def format_table(report: Report | dict[str, Any]) -> str:
     """Plain-text table for the terminal."""
     data = _as_dict(report)
@@ -383,7 +426,24 @@ def format_table(report: Report | dict[str, Any]) -> str:
         for r in rows
     ]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    for row in _diffusion_rows(data):
+        lines.append(
+            f"{row[0]}: {row[1]}; tok/forward {row[2]}, forwards/s {row[3]} (medians); "
+            f"denoising steps {row[4]}, forward passes {row[5]}, steps per block [{row[6]}]"
+        )
     for arm in data["arms"]:
+        cache = (arm.get("details") or {}).get("kv_cache")
+        if cache:
+            slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
+            lines.append(
+                f"{arm['name']}: KV cache {cache.get('pattern')}; slots per layer type: "
+                f"{slots}; {cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
+            )
+    for arm in data["arms"]:
+        if arm.get("outputs_differ_by_design"):
+            lines.append(
+                f"{arm['name']}: outputs differ by design ({arm['outputs_differ_by_design']})"
+            )
         if not arm["ok"]:
             lines.append(f"{arm['name']}: {arm.get('error')}")
             expl = arm.get("explanation") or {}
@@ -418,6 +478,14 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
         "|" + "|".join("---" for _ in HEADERS) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(data)]
+    diffusion = _diffusion_rows(data)
+    if diffusion:
+        lines += [
+            "",
+            "| " + " | ".join(DIFFUSION_HEADERS) + " |",
+            "|" + "|".join("---" for _ in DIFFUSION_HEADERS) + "|",
+        ]
+        lines += ["| " + " | ".join(r) + " |" for r in diffusion]
     roof = data.get("roofline") or {}
     if roof.get("bandwidth_bytes_per_s"):
         lines += [
@@ -426,6 +494,19 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             f"weights {roof['weight_bytes'] / 2**20:.1f} MiB read per step, "
             f"KV {roof['kv_bytes_per_token']} B/token.",
         ]
+    for arm in data["arms"]:
+        cache = (arm.get("details") or {}).get("kv_cache")
+        if cache:
+            slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
+            lines.append(
+                f"\n- `{arm['name']}` KV cache: {cache.get('pattern')}; slots per layer type: "
+                f"{slots}; {cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
+            )
+    for arm in data["arms"]:
+        if arm.get("outputs_differ_by_design"):
+            lines.append(
+                f"\n- `{arm['name']}`: outputs differ by design ({arm['outputs_differ_by_design']})"
+            )
     failed = [a for a in data["arms"] if not a["ok"]]
     for arm in failed:
         lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")

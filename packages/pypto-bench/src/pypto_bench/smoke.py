@@ -47,6 +47,9 @@ class SmokeResult:
     model_class: str | None = None
     load_seconds: float | None = None
     generate_seconds: float | None = None
+    #: How the text was generated: "generate" (autoregressive, greedy) or the diffusion
+    #: path the model took (a block-diffusion model has no autoregressive generate).
+    generation_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +117,7 @@ def smoke(
 
     result.stage, result.exit_code = "generate", EXIT.GENERATION_FAILED
     try:
-        ids, finite, seconds = _generate(
+        ids, finite, seconds, result.generation_path = _generate(
             loaded.model, loaded.tokenizer, prompt, max_new_tokens, dev
         )
     except Exception as err:
@@ -147,6 +150,10 @@ def smoke(
 def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, device: Any):
     import torch
 
+    from .diffusion import supports_diffusion
+
+    if supports_diffusion(model):
+        return _diffusion_text(model, tokenizer, prompt, max_new_tokens, device)
     enc = tokenizer(prompt, return_tensors="pt")
     input_ids = enc["input_ids"].to(device)
     attention_mask = enc.get("attention_mask")
@@ -170,4 +177,30 @@ def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, devi
     eos = tokenizer.eos_token_id
     if eos is not None and eos in new:
         new = new[: new.index(eos)]
-    return new, finite, seconds
+    return new, finite, seconds, "generate"
+
+
+def _diffusion_text(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, device: Any):
+    """A block-diffusion model's answer through its own generation (one step per position).
+
+    Such a model cannot be smoke-tested with ``generate``: LLaDA2's forward needs a 4-D
+    block mask (the published code raises on a plain ``model(ids)``) and its text comes from
+    a denoising loop. The diffusion protocol (or a native class's own ``generate``) runs
+    it; the answer is then checked like any other.
+    """
+    import torch
+
+    from .diffusion import diffusion_generate
+
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = diffusion_generate(model, ids, gen_length=max_new_tokens, steps=max_new_tokens)
+    seconds = time.perf_counter() - start
+    new = out.sequences[0, ids.shape[1] :].tolist()
+    eos = tokenizer.eos_token_id
+    if eos is not None and eos in new:
+        new = new[: new.index(eos)]
+    mask_id = getattr(model.config, "mask_token_id", None)
+    new = [t for t in new if t != mask_id]
+    return new, out.logits_finite is not False, seconds, out.path or "diffusion_generate"

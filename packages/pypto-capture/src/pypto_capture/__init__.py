@@ -1,7 +1,7 @@
 """pypto-capture: graph capture for LLM decode on Ascend NPU, CUDA and CPU.
 
-The core (device layer, backends, explanations, static MoE routing) needs only torch;
-the pieces that drive transformers models import transformers lazily.
+The core (device layer, backends, explanations, exact and static MoE routing) needs
+only torch; the pieces that drive transformers models import transformers lazily.
 """
 
 from __future__ import annotations
@@ -42,12 +42,24 @@ from .explain import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
 from .layout import layer_pattern
 from .mitigations import MitigationHandle, apply_capture_mitigations
 from .moe import StaticMoERouting, round_robin_assignment
+from .moe_exact import (
+    MOE_ROUTINGS,
+    ExpertsInfo,
+    MoEHandle,
+    apply_exact_moe,
+    apply_moe_routing,
+    apply_static_moe,
+    exact_experts_forward,
+    find_experts,
+    moe_weight_bytes,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
     "KNOWN_CAUSES",
+    "MOE_ROUTINGS",
     "STAGES",
     "BisectResult",
     "CaptureExplanation",
@@ -59,25 +71,33 @@ __all__ = [
     "DeviceGraphBackend",
     "DeviceNotAvailableError",
     "EagerBackend",
+    "ExpertsInfo",
     "GraphBackend",
     "InvalidDeviceSpecError",
     "MemoryStats",
     "MitigationHandle",
+    "MoEHandle",
     "PyptoCaptureError",
     "ReplayResult",
     "StaticMoERouting",
     "UnsupportedModelError",
     "__version__",
     "apply_capture_mitigations",
+    "apply_exact_moe",
+    "apply_moe_routing",
+    "apply_static_moe",
     "bisect_capture",
     "capture_and_replay",
     "capture_safe_cache_class",
     "device_name",
+    "exact_experts_forward",
     "explain_capture_error",
+    "find_experts",
     "layer_pattern",
     "make_backend",
     "make_capture_safe_cache",
     "memory_stats",
+    "moe_weight_bytes",
     "npu_available",
     "reset_peak_memory",
     "resolve_backend_name",

@@ -3,9 +3,14 @@
 Stages, smallest first, each captured on its own at decode shape ([B, 1] tokens against
 the capture-safe cache): ``embed_norm`` (embedding + final norm), ``attention`` (the
 first layer's self-attention), ``layer`` (the whole first layer), ``moe`` (the first MoE
-block found, skipped when the model has none). The first failing stage, with its
-explanation, tells you where to look; later stages are still tried so one report shows
+block found in any layer, skipped when the model has none). The first failing stage, with
+its explanation, tells you where to look; later stages are still tried so one report shows
 everything.
+
+The MoE stage knows MoE's capture causes: a failing block is explained as MoE routing
+(sort/count/cumsum in the region, data-dependent expert selection) and is captured again
+with :func:`~pypto_capture.apply_exact_moe` installed on that block alone; the stage's
+``exact_moe`` entry says whether that fixes it (the block is restored afterwards).
 """
 
 from __future__ import annotations
@@ -59,6 +64,16 @@ def _find_moe(layer: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
+def _first_moe(layers: Any, start: int) -> torch.nn.Module | None:
+    """The first MoE block at or after ``start`` (MiniMax M3, DeepSeek-style models put
+    dense layers first)."""
+    for i in range(start, len(layers)):
+        moe = _find_moe(layers[i])
+        if moe is not None:
+            return moe
+    return None
+
+
 def _rotary(decoder: torch.nn.Module, h: torch.Tensor, pos: torch.Tensor, layer_type: str) -> Any:
     rot = getattr(decoder, "rotary_emb", None)
     if rot is None:
@@ -105,7 +120,7 @@ def bisect_capture(
         pe = _rotary(decoder, h, pos, layer_type)
         mask = cache.decode_masks(h.dtype)[layer_type]
     attn = getattr(layer, "self_attn", None)
-    moe = _find_moe(layer)
+    moe = _first_moe(layers, layer_index)
 
     def embed_norm() -> torch.Tensor:
         return norm(embed(tok))
@@ -154,26 +169,57 @@ def bisect_capture(
                 }
             )
             continue
-        try:
-            with torch.no_grad():
-                capture_and_replay(fn, warmup=warmup, replays=1, backend=be)
-        except CaptureFailedError as err:
-            cause = err.__cause__ or err
-            expl = err.explanation
-            result.stages.append(
-                {"stage": stage, "ok": False, "error": str(cause)[:500], "explanation": expl}
-            )
-            if result.failed_stage is None:
-                result.failed_stage, result.explanation = stage, expl
-            log.info("bisect: stage %s failed: %s", stage, expl)
+        context = "moe" if stage == "moe" else None
+        error = _try_capture(fn, warmup, be)
+        if error is None:
+            result.stages.append({"stage": stage, "ok": True, "error": None, "explanation": None})
             continue
-        except Exception as err:  # an eager error in the stage itself is also a failure there
-            expl = explain_capture_error(err)
-            result.stages.append(
-                {"stage": stage, "ok": False, "error": str(err)[:500], "explanation": expl}
-            )
-            if result.failed_stage is None:
-                result.failed_stage, result.explanation = stage, expl
-            continue
-        result.stages.append({"stage": stage, "ok": True, "error": None, "explanation": None})
+        expl = explain_capture_error(error, context=context)
+        entry: dict[str, Any] = {
+            "stage": stage,
+            "ok": False,
+            "error": str(error)[:500],
+            "explanation": expl,
+        }
+        if stage == "moe":
+            assert moe is not None  # the plan lists this stage only when the layer has one
+            entry["exact_moe"] = _retry_with_exact_moe(moe, fn, warmup, be)
+        result.stages.append(entry)
+        if result.failed_stage is None:
+            result.failed_stage, result.explanation = stage, expl
+        log.info("bisect: stage %s failed: %s", stage, expl)
     return result
+
+
+def _try_capture(fn: Any, warmup: int, be: GraphBackend) -> BaseException | None:
+    """None when ``fn`` captures and replays; else the underlying error."""
+    try:
+        with torch.no_grad():
+            capture_and_replay(fn, warmup=warmup, replays=1, backend=be)
+    except CaptureFailedError as err:
+        return err.__cause__ or err
+    except Exception as err:  # an eager error in the stage itself is also a failure there
+        return err
+    return None
+
+
+def _retry_with_exact_moe(
+    moe: torch.nn.Module, fn: Any, warmup: int, be: GraphBackend
+) -> dict[str, Any]:
+    """Capture the MoE block again with the exact capture-safe experts installed."""
+    from .moe_exact import apply_exact_moe
+
+    try:
+        handle = apply_exact_moe(moe)
+    except Exception as err:  # e.g. already installed: then the failure is elsewhere
+        return {"ok": None, "error": f"not retried: {err}"}
+    if not handle.applied:
+        return {"ok": None, "error": "not retried: the block has no fused experts module"}
+    try:
+        error = _try_capture(fn, warmup, be)
+    finally:
+        handle.undo()
+    if error is None:
+        log.info("bisect: the MoE block captures with apply_exact_moe(model)")
+        return {"ok": True, "error": None, "fix": "pypto_capture.apply_exact_moe(model)"}
+    return {"ok": False, "error": str(error)[:500]}

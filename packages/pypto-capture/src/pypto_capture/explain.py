@@ -43,6 +43,11 @@ class _Rule:
 
 
 _BISECT = "run pypto_capture.bisect_capture(model) to find the first failing stage"
+_EXACT_MOE = (
+    "pypto_capture.apply_exact_moe(model): the router's top-k stays on the device, decode "
+    "gathers the k selected experts (fixed shapes, no sort, no counts, no cumsum), outputs "
+    "unchanged"
+)
 
 # The names of the Ascend runtime codes, exactly as CANN publishes them in
 # include/external/acl/error_codes/rt_error_codes.h of the hicann/runtime repository
@@ -78,10 +83,10 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     _Rule(
         "107027",
         ACL_RT_NAMES["107027"],
-        "an op needing a copy/side stream or a host sync ran during capture: MoE argsort(int64) on "
-        "AICPU, .item() in mask code, a sliding-window mask build, a qk-norm path",
-        "static MoE routing (pypto_capture.StaticMoERouting: fixed assignment, routing tables built "
-        f"before capture); otherwise {_BISECT}",
+        "an op needing a copy/side stream or a host sync ran during capture: MoE routing's "
+        "argsort(int64)/bincount on AICPU or a side stream, .item() in mask code, a "
+        "sliding-window mask build, a qk-norm path",
+        f"for MoE: {_EXACT_MOE}; otherwise {_BISECT}",
         ("stream_captured",),
     ),
     _Rule(
@@ -96,8 +101,10 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     _Rule(
         "507015",
         ACL_RT_NAMES["507015"],
-        "a kernel (e.g. a PyPTO grouped GEMM) was fed a growing or dynamic shape",
-        "fix every shape before capture; bucket-pad the token count N to a few sizes",
+        "a kernel (e.g. a PyPTO grouped GEMM) was fed a growing or dynamic shape, e.g. per-expert "
+        "token counts that change from step to step",
+        "fix every shape before capture; bucket-pad the token count N to a few sizes; for MoE: "
+        f"{_EXACT_MOE}",
         ("aicore_exception", "aicore exception"),
     ),
     _Rule(
@@ -105,8 +112,7 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
         ACL_RT_NAMES["507011"],
         "the captured graph (a model to the runtime) failed when replayed; seen with MoE when "
         "expert routing tables (cumsum of per-expert counts) are rebuilt inside the captured region",
-        "compute routing tables before capture (pypto_capture.StaticMoERouting); "
-        f"otherwise {_BISECT}",
+        f"keep MoE routing tables out of the captured region: {_EXACT_MOE}; otherwise {_BISECT}",
         ("model_execute", "model execute failed"),
     ),
     _Rule(
@@ -199,7 +205,7 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
         "an op whose output shape depends on data (nonzero, masked_select, unique, boolean "
         "indexing) or an input whose shape changes between calls",
         "keep shapes fixed: pad to a static size, replace data-dependent selects by masks; for "
-        "MoE use StaticMoERouting",
+        f"MoE: {_EXACT_MOE}",
         (
             "dynamic shape operator",
             "data-dependent output shape",
@@ -241,7 +247,60 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
     ),
 )
 
-_CODE_RE = re.compile(r"(?<![\d.])(10\d{4}|50\d{4}|90[01])(?![\d.])")
+# When the failing op is visibly MoE routing, the same code has a more specific cause.
+_MOE_HINT = re.compile(
+    r"(?<![a-z])(moe|experts?|argsort|bincount|histc|one_hot|grouped_?(?:mm|gemm|matmul)|"
+    r"top_k_index|router)(?![a-z])",
+    re.IGNORECASE,
+)
+_STATIC_PROXY = (
+    "pypto_capture.apply_static_moe (fixed experts) captures too but is a throughput proxy "
+    "only: its outputs differ by design"
+)
+_MOE_CAUSES: dict[str, tuple[str, str]] = {
+    "107027": (
+        "MoE routing ran an op that needs AICPU or a side stream inside the captured region: "
+        "argsort(int64)/bincount of the routed expert ids (sort-based token dispatch)",
+        f"{_EXACT_MOE}; {_STATIC_PROXY}",
+    ),
+    "507011": (
+        "MoE routing tables (per-expert token counts and their cumsum) were rebuilt inside the "
+        "captured region; the replay ran on tables frozen at capture time",
+        f"no routing tables in the captured region: {_EXACT_MOE}; {_STATIC_PROXY}",
+    ),
+    "507015": (
+        "a grouped-GEMM kernel was fed per-expert token counts that change between steps (a "
+        "growing or data-dependent shape)",
+        f"{_EXACT_MOE}; or bucket-pad the per-expert token counts to fixed sizes",
+    ),
+    "dynamic_shape": (
+        "the experts loop selects each expert's tokens with nonzero/where (a data-dependent "
+        "shape) and loops over the experts that were hit (a host read)",
+        _EXACT_MOE,
+    ),
+    "graph_break": (
+        "the experts loop reads routing results on the host (which experts were hit) to "
+        "drive a Python loop",
+        _EXACT_MOE,
+    ),
+}
+
+_DATA_DEPENDENT_OP = re.compile(r"nonzero|one_hot|argsort|bincount", re.IGNORECASE)
+
+
+def _moe_related(code: str, text: str) -> bool:
+    """Whether the message shows MoE routing as the failing op.
+
+    A runtime code with an MoE word anywhere (the op, the module, the stack) is taken as
+    MoE; a dynamo break needs the data-dependent op itself next to MoE words, since any
+    break in an MoE model's step has "experts" somewhere in its stack.
+    """
+    if not _MOE_HINT.search(text):
+        return False
+    return code.isdigit() or bool(_DATA_DEPENDENT_OP.search(text))
+
+
+_CODE_RE = re.compile(r"(?<![\d.])(10\d{4}|50\d{4}|90[01])(?!\d|\.\d)")  # "107027." ends a sentence
 _BY_CODE = {r.code: r for r in KNOWN_CAUSES if r.code.isdigit()}
 
 
@@ -263,10 +322,15 @@ def _one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def explain_capture_error(err: BaseException | str) -> CaptureExplanation:
+def explain_capture_error(
+    err: BaseException | str, *, context: str | None = None
+) -> CaptureExplanation:
     """Structured cause and fix for a capture failure (exception or recorded log text).
 
-    Unknown errors come back with ``matched=False`` and advice to bisect, never raise.
+    ``context="moe"`` says the failing region is an MoE block (bisect's MoE stage knows
+    it even when the message does not name experts): codes with an MoE-specific cause
+    get that cause and fix. Unknown errors come back with ``matched=False`` and advice
+    to bisect, never raise.
     """
     text = _message_of(err)
     low = text.lower()
@@ -294,11 +358,14 @@ def explain_capture_error(err: BaseException | str) -> CaptureExplanation:
             matched=False,
             message=_one_line(text),
         )
+    cause, fix = rule.cause, rule.fix
+    if rule.code in _MOE_CAUSES and (context == "moe" or _moe_related(rule.code, text)):
+        cause, fix = _MOE_CAUSES[rule.code]
     return CaptureExplanation(
         code=rule.code,
         name=rule.name,
-        cause=rule.cause,
-        fix=rule.fix,
+        cause=cause,
+        fix=fix,
         matched=True,
         message=_one_line(text),
     )

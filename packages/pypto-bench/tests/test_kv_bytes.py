@@ -1,0 +1,40 @@
+"""KV bytes per token for models whose head shapes differ per layer (Gemma 4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pypto_bench.measure import kv_bytes_per_token
+
+pytest.importorskip("transformers")
+
+
+def _load(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path))
+
+
+@pytest.mark.parametrize("variant", ["31b", "e2b"])
+def test_per_layer_head_shapes_and_kv_sharing_are_summed(tmp_path, variant):
+    gemma4 = pytest.importorskip("pypto_testing.gemma4")
+    model = _load(gemma4.make_tiny_gemma4(tmp_path / variant, variant))
+    cfg = model.config.get_text_config()
+    if not hasattr(cfg, "per_layer_config"):
+        pytest.skip("this transformers has no heterogeneous per-layer configs")
+    holding = cfg.num_hidden_layers - int(cfg.num_kv_shared_layers or 0)
+    layers = [cfg.per_layer_config[i] for i in range(holding)]
+    want = sum(2 * c.num_key_value_heads * c.head_dim * 4 for c in layers)  # fp32
+    assert kv_bytes_per_token(model) == want
+    # Not the uniform formula: the full layers are wider and KV-shared layers hold nothing.
+    assert len({(c.num_key_value_heads, c.head_dim) for c in layers}) > 1
+
+
+def test_uniform_models_keep_the_simple_formula(tmp_path):
+    from pypto_testing.models import make_tiny_model
+
+    model = _load(make_tiny_model(tmp_path / "llama", "llama"))
+    cfg = model.config
+    assert kv_bytes_per_token(model) == (
+        2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    )

@@ -1,0 +1,150 @@
+"""transformers' native MiniMax configs, refusing folders that are not the pinned family.
+
+transformers builds a config from whatever config.json a folder holds: a Llama folder
+pinned with a MiniMax preset would silently become a MiniMax model with default sizes.
+``from_dict`` (which ``from_pretrained`` goes through) first checks the dict and raises
+one line naming the problem and the preset that fits.
+
+The checkpoints' fields are read by the native configs unchanged (M2's top-level
+``rotary_dim``/``rope_theta``; M3's legacy ``sparse_attention_config``, ``moe_layer_freq``,
+``hidden_act: swigluoai``). Two things differ:
+
+* M2.7's FP8 release carries a ``quantization_config``. It is moved to
+  ``checkpoint_quantization`` so transformers' own FP8 quantizer never engages (it needs
+  ``accelerate``, dequantises partial edge blocks with the wrong block size and keeps the
+  model flagged as quantized); this package's loader dequantises instead.
+* M3's config.json is the vision-language one; :class:`PyptoMiniMaxM3Config` is the text
+  config (``base_config_key = "text_config"``), so ``from_pretrained`` reads the
+  ``text_config`` part, and a full VL dict passed to ``from_dict`` is reduced to it too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.models.minimax_m2.configuration_minimax_m2 import MiniMaxM2Config
+from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import MiniMaxM3VLTextConfig
+
+from .errors import MiniMaxConfigError
+
+__all__ = ["PyptoMiniMaxM3Config", "PyptoMiniMaxM27Config", "check_config_dict"]
+
+_M3_KEYS = (
+    "sparse_attention_config",
+    "moe_layer_freq",
+    "mlp_layer_types",
+    "dense_intermediate_size",
+)
+
+
+def _other_preset(model_type: Any) -> str:
+    hints = {
+        "minimax_m2": "minimax_m27",
+        "minimax_m3_vl": "minimax_m3",
+        "minimax_m3_vl_text": "minimax_m3",
+    }
+    hint = hints.get(str(model_type))
+    if hint:
+        return f"pin it with the {hint} preset"
+    return "pin it with its own family's preset (pypto-patch list)"
+
+
+def check_config_dict(config: Any, family: str) -> None:
+    """Raise ``MiniMaxConfigError`` (one line) unless ``config`` (a config.json dict) is a
+    checkpoint of ``family`` ("minimax_m27" or "minimax_m3")."""
+    if not isinstance(config, dict):
+        raise MiniMaxConfigError(
+            f"config.json holds a JSON {type(config).__name__}, not an object: re-download the model"
+        )
+    model_type = config.get("model_type")
+    if family == "minimax_m27":
+        if model_type != "minimax_m2":
+            raise MiniMaxConfigError(
+                f"config.json has model_type {model_type!r}, not 'minimax_m2': this folder is "
+                f"not a MiniMax M2.x checkpoint; {_other_preset(model_type)}"
+            )
+        kinds = config.get("attn_type_list")
+        if isinstance(kinds, list) and any(k != 1 for k in kinds):
+            raise MiniMaxConfigError(
+                "config.json's attn_type_list has lightning-attention layers (0s): that is "
+                "MiniMax-Text-01/M1, not M2.x; the minimax_m27 preset runs full attention only"
+            )
+        quant = config.get("quantization_config")
+        if quant is not None:
+            _check_quantization(quant)
+        return
+    if family == "minimax_m3":
+        text = config.get("text_config") if model_type == "minimax_m3_vl" else config
+        text_type = text.get("model_type") if isinstance(text, dict) else None
+        looks_m3 = isinstance(text, dict) and any(k in text for k in _M3_KEYS)
+        if text_type not in (None, "", "minimax_m3_vl_text") or not looks_m3:
+            raise MiniMaxConfigError(
+                f"config.json has model_type {model_type!r} and no MiniMax M3 text config "
+                f"(sparse_attention_config / moe_layer_freq): not a MiniMax M3 checkpoint; "
+                f"{_other_preset(model_type)}"
+            )
+        return
+    raise MiniMaxConfigError(f"unknown MiniMax family {family!r}: minimax_m27 or minimax_m3")
+
+
+def _check_quantization(quant: Any) -> None:
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    fmt = quant.get("fmt", "float8_e4m3fn") if isinstance(quant, dict) else None
+    block = quant.get("weight_block_size", [128, 128]) if isinstance(quant, dict) else None
+    if method != "fp8" or fmt != "float8_e4m3fn":
+        raise MiniMaxConfigError(
+            f"config.json's quantization_config is {method!r}/{fmt!r}; this loader reads the "
+            "released FP8 e4m3 block format only: use the FP8 or BF16 release"
+        )
+    if (
+        not isinstance(block, list)
+        or len(block) != 2
+        or not all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        raise MiniMaxConfigError(
+            f"config.json's weight_block_size {block!r} is not two positive ints: re-download the model"
+        )
+
+
+class PyptoMiniMaxM27Config(MiniMaxM2Config):
+    """MiniMaxM2Config accepting only an M2.x checkpoint; FP8 settings kept aside."""
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        check_config_dict(config_dict, "minimax_m27")
+        config_dict = dict(config_dict)
+        quant = config_dict.pop("quantization_config", None)
+        config = super().from_dict(config_dict, **kwargs)
+        result = config[0] if isinstance(config, tuple) else config
+        result.checkpoint_quantization = quant
+        return config
+
+
+def _text_part(config_dict: dict[str, Any]) -> dict[str, Any]:
+    """The VL dict's text_config, carrying the top-level ``auto_map``: the Auto classes
+    find the pinned model class through the config object's ``auto_map``."""
+    text = dict(config_dict["text_config"])
+    if "auto_map" in config_dict:
+        text.setdefault("auto_map", config_dict["auto_map"])
+    return text
+
+
+class PyptoMiniMaxM3Config(MiniMaxM3VLTextConfig):
+    """M3's text config, read from the VL checkpoint's config.json."""
+
+    @classmethod
+    def get_config_dict(cls, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        config_dict, rest = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("model_type") == "minimax_m3_vl" and isinstance(
+            config_dict.get("text_config"), dict
+        ):
+            # from_pretrained keeps only text_config (base_config_key); keep auto_map with it.
+            config_dict = {**config_dict, "text_config": _text_part(config_dict)}
+        return config_dict, rest
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        check_config_dict(config_dict, "minimax_m3")
+        if config_dict.get("model_type") == "minimax_m3_vl":
+            config_dict = _text_part(config_dict)
+        return super().from_dict(config_dict, **kwargs)
