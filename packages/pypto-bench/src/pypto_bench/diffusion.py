@@ -260,15 +260,14 @@ def count_generated(
     gen = sequences[:, prompt_len:]
     if ignore_eos and gen_length is not None:
         gen = gen[:, :gen_length]
+    from .measure import count_tokens
+
     eos = {int(e) for e in eos_ids}
     unfilled = {int(u) for u in unfilled_ids}
-    counts = []
-    for row in gen.tolist():
-        n = len(row)
-        if not ignore_eos:
-            for i, tok in enumerate(row):
-                if tok in eos:
-                    n = i + 1
-                    break
-        counts.append(sum(1 for tok in row[:n] if tok not in unfilled or tok in eos))
-    return counts
+    rows = gen.tolist()
+    # The cut at the first EOS is the decode regime's own rule (one definition).
+    cuts = count_tokens(rows, eos_ids, ignore_eos=ignore_eos)
+    return [
+        sum(1 for tok in row[:n] if tok not in unfilled or tok in eos)
+        for row, n in zip(rows, cuts, strict=True)
+    ]

@@ -432,13 +432,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
             f"denoising steps {row[4]}, forward passes {row[5]}, steps per block [{row[6]}]"
         )
     for arm in data["arms"]:
-        cache = (arm.get("details") or {}).get("kv_cache")
-        if cache:
-            slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
-            lines.append(
-                f"{arm['name']}: KV cache {cache.get('pattern')}; slots per layer type: "
-                f"{slots}; {cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
-            )
+        line = _kv_cache_line(arm)
+        if line:
+            lines.append(f"{arm['name']}: {line}")
     for arm in data["arms"]:
         if arm.get("outputs_differ_by_design"):
             lines.append(
@@ -453,6 +449,18 @@ def format_table(report: Report | dict[str, Any]) -> str:
             if stage:
                 lines.append(f"  bisect: first failing stage {stage}")
     return "\n".join(lines)
+
+
+def _kv_cache_line(arm: dict[str, Any]) -> str | None:
+    """The capture-safe cache's layout (graph arms): what each layer type holds."""
+    cache = (arm.get("details") or {}).get("kv_cache")
+    if not cache:
+        return None
+    slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
+    return (
+        f"KV cache: {cache.get('pattern')}; slots per layer type: {slots}; "
+        f"{cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
+    )
 
 
 def report_to_markdown(report: Report | dict[str, Any]) -> str:
@@ -495,13 +503,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             f"KV {roof['kv_bytes_per_token']} B/token.",
         ]
     for arm in data["arms"]:
-        cache = (arm.get("details") or {}).get("kv_cache")
-        if cache:
-            slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
-            lines.append(
-                f"\n- `{arm['name']}` KV cache: {cache.get('pattern')}; slots per layer type: "
-                f"{slots}; {cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
-            )
+        line = _kv_cache_line(arm)
+        if line:
+            lines.append(f"\n- `{arm['name']}` {line}")
     for arm in data["arms"]:
         if arm.get("outputs_differ_by_design"):
             lines.append(
