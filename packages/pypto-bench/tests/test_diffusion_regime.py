@@ -27,6 +27,13 @@ def llada2_dir(tmp_path_factory) -> Path:
 
 def make_tiny_diffusion_gemma(path: Path) -> Path:
     """A tiny DiffusionGemmaForBlockDiffusion folder (transformers' native class)."""
+    import transformers
+
+    if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
+        pytest.skip(
+            f"transformers {transformers.__version__} has no native block-diffusion class "
+            "(DiffusionGemmaForBlockDiffusion)"
+        )
     from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
 
     from pypto_testing.models import write_byte_tokenizer

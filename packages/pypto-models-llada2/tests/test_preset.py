@@ -60,8 +60,9 @@ def test_the_published_remote_code_fails_and_the_pinned_folder_loads(
         return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
 
     before = load()
-    assert before.startswith("FAILED")
-    assert "modeling_attn_mask_utils" in before
+    # Why it fails depends on the transformers version (5.24: modeling_attn_mask_utils is
+    # gone; 5.8 already stops at the configuration module); that it fails does not.
+    assert before.startswith("FAILED"), before
     result = pypto_patch.apply(str(folder), family="llada2_moe")
     assert result.action == "applied"
     pypto_patch.verify_pinned(str(folder))
