@@ -160,17 +160,31 @@ def _smoke(folder: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_a_llama_folder_pinned_as_gemma4_fails_to_load_in_one_line(tmp_path):
+def test_a_llama_folder_pinned_as_gemma4_is_refused_then_fails_to_load_in_one_line(tmp_path):
+    from pypto_models_gemma4.preset import PRESETS
+    from pypto_patch import EXIT as PATCH_EXIT
+    from pypto_patch import apply
     from pypto_testing.models import make_tiny_model
 
     folder = make_tiny_model(tmp_path / "llama", "llama")
-    _pin(folder)
     before = _state(folder)
+    # pypto-patch runs the preset's check first: refused in one line, nothing written.
+    proc = _cli(
+        "pypto_patch", "apply", "--model-family", "gemma4_31b_it", "--model-path", str(folder)
+    )
+    assert proc.returncode == PATCH_EXIT.USAGE, proc.stderr
+    assert "not a Gemma 4 checkpoint" in proc.stderr.strip().splitlines()[-1]
+    assert _state(folder) == before
+    # A folder pinned without that check (e.g. by an older pypto-patch) still fails at
+    # load time in one line, untouched.
+    unchecked = {k: v for k, v in PRESETS["gemma4_31b_it"].items() if k != "check"}
+    apply(folder, preset=unchecked)
+    pinned = _state(folder)
     proc = _smoke(folder)
     assert proc.returncode == BENCH_EXIT.LOAD_FAILED, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert "not a Gemma 4 checkpoint (model_type 'llama'" in last
-    assert _state(folder) == before
+    assert _state(folder) == pinned
 
 
 @pytest.mark.slow
