@@ -132,6 +132,10 @@ def _break_escaping_index(folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
+def _break_deep_index(folder):
+    (folder / "model.safetensors.index.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
 def _break_header(folder):
     shard = next(folder.glob("model-00001-of-*.safetensors"))
     shard.write_bytes(b"\xff" * 64)
@@ -151,6 +155,7 @@ BROKEN = [
     (_break_lost_scale, MiniMaxWeightsError, "k_proj.weight is stored in float8_e4m3fn without its weight_scale_inv", "re-download"),
     (_break_missing_shard, MiniMaxWeightsError, "missing: the download is incomplete", "re-download"),
     (_break_escaping_index, MiniMaxWeightsError, "outside the folder", "re-download"),
+    (_break_deep_index, MiniMaxWeightsError, "unreadable (RecursionError)", "re-download"),
     (_break_header, MiniMaxWeightsError, "not a readable safetensors file", "re-download"),
     (_break_quant_method, MiniMaxConfigError, "'gptq'/'float8_e4m3fn'", "use the FP8 or BF16 release"),
 ]  # fmt: skip

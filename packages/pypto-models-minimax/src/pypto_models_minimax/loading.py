@@ -78,7 +78,7 @@ def _shards(folder: Path) -> list[Path]:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
             names = sorted(set(data["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise MiniMaxWeightsError(
                 f"{index} is unreadable ({type(err).__name__}): re-download the model"
             ) from err
