@@ -65,7 +65,10 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == export_line("PYPTO_REPORT", work / "report" / "report.md")
     assert lines[0] == export_line("MODEL_PATH", work / "patched")
-    assert _statuses(work) == {s: "ok" for s in ("download", "patch", "smoke", "bench", "report")}
+    assert _statuses(work) == {
+        **{s: "ok" for s in ("download", "patch", "smoke", "bench", "report")},
+        "tune": "not-needed",
+    }
     report = json.loads((work / "report" / "bench.json").read_text())
     assert [a["name"] for a in report["arms"]] == ["eager", "graph"]
     assert all(a["ok"] for a in report["arms"])
@@ -126,6 +129,7 @@ def test_tiny_model_bench_with_smoke_skipped_then_reused(hub, tmp_path):
         "patch": "not-needed",
         "smoke": "skipped",
         "bench": "ok",
+        "tune": "not-needed",
         "report": "ok",
     }
     hub.clear_requests()

@@ -83,6 +83,7 @@ def test_e2e_runs_every_step_with_the_gemma4_preset(e2e_run):
         "patch": "ok",
         "smoke": "skipped",
         "bench": "ok",
+        "tune": "not-needed",
         "report": "ok",
     }
     report = json.loads((e2e_run / "report" / "bench.json").read_text())

@@ -95,6 +95,7 @@ def test_e2e_benches_llada2_in_the_diffusion_regime(e2e_run):
         "patch": "ok",
         "smoke": "skipped",
         "bench": "ok",
+        "tune": "not-needed",
         "report": "ok",
     }
     pinned = _pinned(e2e_run)

@@ -10,7 +10,7 @@ OUT="$(mktemp -d)"   # many files; the device tool brings back at most 8, so the
 mkdir -p "$FINAL"
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-450} ))
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/packages/pypto-models-minimax/src:$PWD/tools"
+export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/packages/pypto-models-minimax/src:$PWD/packages/pypto-tune/src:$PWD/tools"
 left() { local l=$(( DEADLINE - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 step() {  # step <name> <max seconds> <command...>
   local name=$1 limit; limit=$(left "$2"); shift 2
@@ -31,6 +31,14 @@ step() {  # step <name> <max seconds> <command...>
   [ -n "${ONLY_BENCH:-}" ] || step moe_cuda_tests 60 python3 -m pytest -q -p no:cacheprovider -rs packages/pypto-capture/tests/test_moe_exact.py -k device
   [ -n "${ONLY_BENCH:-}" ] || step bench_moe 150 python3 tools/bench_moe_cpu.py --device cuda --dtype bfloat16
   [ -n "${ONLY_BENCH:-}" ] || step bench_capture_b8 60 python3 tools/bench_capture.py --device cuda --dtype bfloat16 --models 0.5b --steps 64 --repeats 5 --batch 8
+  # pypto-tune on CUDA: profile eager and graph decode of a tiny llama, advise, compare.
+  [ -n "${ONLY_BENCH:-}" ] || step tune_cuda 120 sh -c '
+    python3 -c "from pypto_testing.models import make_tiny_model; make_tiny_model(\"$0/tune-model\")" &&
+    for arm in eager graph; do
+      python3 -m pypto_tune profile --model-path "$0/tune-model" --device cuda:0 --regime decode \
+        --seq 16 --gen 32 --arm $arm --level light --iters 3 --out "$0/tune-$arm" -q || exit 1
+    done &&
+    python3 -m pypto_tune compare "$0/tune-eager/profile.json" "$0/tune-graph/profile.json"' "$OUT"
 } 2>&1 | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL/summary.txt"
 tar czf "$FINAL/results.tgz" -C "$OUT" .

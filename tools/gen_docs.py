@@ -35,6 +35,7 @@ TOOLS = [
     ("pypto-bench", "pypto_bench"),
     ("pypto-e2e", "pypto_e2e"),
     ("pypto-gutenocr", "pypto_models_gutenocr"),
+    ("pypto-tune", "pypto_tune"),
 ]
 
 
@@ -134,6 +135,7 @@ EXIT_TABLES = [
     ("pypto-doctor", "pypto_env"),
     ("pypto-e2e", "pypto_e2e"),
     ("pypto-gutenocr", "pypto_models_gutenocr"),
+    ("pypto-tune", "pypto_tune"),
 ]
 
 

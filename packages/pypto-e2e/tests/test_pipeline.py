@@ -121,6 +121,7 @@ def test_patch_only_run_is_reused_then_rerun_when_forced(tmp_path, model_copy):
         "patch": "ok",
         "smoke": "skipped",
         "bench": "skipped",
+        "tune": "not-needed",
         "report": "not-needed",
     }
     patched = work / "patched"

@@ -4,7 +4,7 @@ Library first; the ``pypto-bench`` CLI is a thin layer over these functions.
 """
 
 from .args import add_bench_arguments, bench_config_from_args
-from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig, run_bench
+from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig, BenchSession, open_session, run_bench
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
 from .errors import (
@@ -22,7 +22,8 @@ from .errors import (
     ReportPathError,
     ReportWriteError,
 )
-from .plugins import register_plugin, unregister_plugin
+from .measure import measure_bandwidth, measure_matmul_peak
+from .plugins import applicable_plugins, discover_plugins, register_plugin, unregister_plugin
 from .report import (
     SCHEMA_VERSION,
     ArmResult,
@@ -61,6 +62,7 @@ __all__ = [
     "BadInputError",
     "BenchConfig",
     "BenchError",
+    "BenchSession",
     "CompareMismatchError",
     "Comparison",
     "DegenerateOutputError",
@@ -76,13 +78,18 @@ __all__ = [
     "ReportWriteError",
     "SmokeResult",
     "add_bench_arguments",
+    "applicable_plugins",
     "bench_config_from_args",
     "coherence_score",
     "compare",
     "degenerate_reason",
     "diffusion_generate",
+    "discover_plugins",
     "format_table",
     "load_report",
+    "measure_bandwidth",
+    "measure_matmul_peak",
+    "open_session",
     "plot",
     "register_plugin",
     "report_to_markdown",

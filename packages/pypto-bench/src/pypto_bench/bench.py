@@ -343,7 +343,12 @@ def _run_eager_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
     return tokens
 
 
-def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+def _graph_decode_iteration(ctx: _Ctx, arm: ArmResult) -> Callable[[], tuple[Any, float, float]]:
+    """Build the decode runner, capture its step, and return one measured iteration.
+
+    The iteration is what the graph arm times (and what pypto-tune profiles): reset,
+    prefill (timed apart), then ``gen - 1`` replays of the captured step.
+    """
     import torch
 
     from pypto_capture import DecodeStepRunner, synchronize
@@ -382,6 +387,15 @@ def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
             # cache's memory figure, and its bytes are what each graph step reads.
             arm.details["kv_cache"] = describe()
         runner.reset()
+    return once
+
+
+def _run_graph_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    cfg = ctx.config
+    once = _graph_decode_iteration(ctx, arm)
+    with torch.inference_mode():
         for i in range(cfg.warmup):
             once()
             _tick(ctx, arm.name, i + 1)
@@ -782,73 +796,17 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     when ``report_file`` failed at the end of the run; see ``write_report``).
     """
     config.validate()
-    from .environment import prepare_device_env
-    from .loading import check_model_folder, eos_token_ids, load_model
-
-    check_model_folder(config.model_path)
     if config.report_file:
+        from .loading import check_model_folder
+
+        check_model_folder(config.model_path)  # a bad folder is named before a bad report path
         check_report_path(config.report_file)
-    warnings = prepare_device_env(config.device)
+    ctx, model_info, warnings = _load_context(config, progress)
+    from pypto_capture import device_name
 
-    import torch
-
-    from pypto_capture import device_name, memory_stats, reset_peak_memory, resolve_device
-
-    try:
-        device = resolve_device(config.device)
-    except Exception as err:
-        raise EnvironmentMissingError(
-            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
-        ) from err
-
-    torch.manual_seed(config.seed)
-    reset_peak_memory(device)
-    loaded = load_model(
-        config.model_path,
-        device=device,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
-        attn_implementation=config.attn_implementation,
-    )
-    load_mem = memory_stats(device)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    if config.regime == "diffusion-generate":
-        from .diffusion import supports_diffusion, unsupported_message
-
-        if not supports_diffusion(model):
-            raise RegimeNotSupportedError(unsupported_message(model))
-
-    report = new_report(config, device=device, device_name=device_name(device))
+    report = new_report(config, device=ctx.device, device_name=device_name(ctx.device))
     report.warnings.extend(warnings)
-    report.model = {
-        "path": str(loaded.path),
-        "class": type(model).__name__,
-        "model_type": loaded.config.get("model_type"),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "load_s": loaded.load_seconds,
-        "load_memory": {
-            "peak_allocated": int(load_mem.peak_allocated),
-            "peak_reserved": int(load_mem.peak_reserved),
-        },
-    }
-    eos = eos_token_ids(model, tokenizer)
-    special = set(eos) | {
-        t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
-    }
-    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    input_ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
-    ctx = _Ctx(
-        config=config,
-        model=model,
-        tokenizer=tokenizer,
-        device=device,
-        input_ids=input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        eos_ids=eos,
-        pad_id=tokenizer.pad_token_id,
-        progress=progress,
-    )
+    report.model = model_info
 
     tokens: dict[str, Any] = {}
     for name in config.arms:
@@ -970,3 +928,162 @@ def _moe_bytes(model: Any, batch: int) -> dict[str, int] | None:
     from pypto_capture import moe_weight_bytes
 
     return moe_weight_bytes(model, batch)
+
+
+def _load_context(
+    config: BenchConfig, progress: ProgressFn | None
+) -> tuple[_Ctx, dict[str, Any], list[str]]:
+    """Check the folder, prepare the device, load the model and build the inputs.
+
+    One implementation for ``run_bench`` and ``open_session``: what a profiler sees is
+    the model, device and prompt the bench measured.
+    """
+    from .environment import prepare_device_env
+    from .loading import check_model_folder, eos_token_ids, load_model
+
+    check_model_folder(config.model_path)
+    warnings = prepare_device_env(config.device)
+
+    import torch
+
+    from pypto_capture import memory_stats, reset_peak_memory, resolve_device
+
+    try:
+        device = resolve_device(config.device)
+    except Exception as err:
+        raise EnvironmentMissingError(
+            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
+        ) from err
+
+    torch.manual_seed(config.seed)
+    reset_peak_memory(device)
+    loaded = load_model(
+        config.model_path,
+        device=device,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        attn_implementation=config.attn_implementation,
+    )
+    load_mem = memory_stats(device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if config.regime == "diffusion-generate":
+        from .diffusion import supports_diffusion, unsupported_message
+
+        if not supports_diffusion(model):
+            raise RegimeNotSupportedError(unsupported_message(model))
+    model_info = {
+        "path": str(loaded.path),
+        "class": type(model).__name__,
+        "model_type": loaded.config.get("model_type"),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "load_s": loaded.load_seconds,
+        "load_memory": {
+            "peak_allocated": int(load_mem.peak_allocated),
+            "peak_reserved": int(load_mem.peak_reserved),
+        },
+    }
+    eos = eos_token_ids(model, tokenizer)
+    special = set(eos) | {
+        t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
+    }
+    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    input_ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
+    ctx = _Ctx(
+        config=config,
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        eos_ids=eos,
+        pad_id=tokenizer.pad_token_id,
+        progress=progress,
+    )
+    return ctx, model_info, warnings
+
+
+class BenchSession:
+    """The model, inputs and per-arm iteration a bench run measures, for other tools.
+
+    pypto-tune profiles "the step pypto-bench measures": it opens a session with the same
+    ``BenchConfig`` and runs ``iteration(arm)`` under its profiler, so the profiled step
+    and the timed one are the same code (MoE routing and kernel plug-ins included).
+    """
+
+    def __init__(self, ctx: _Ctx, model_info: dict[str, Any], warnings: list[str]) -> None:
+        self._ctx = ctx
+        self.model_info = model_info
+        self.warnings = warnings
+
+    @property
+    def config(self) -> BenchConfig:
+        return self._ctx.config
+
+    @property
+    def model(self) -> Any:
+        return self._ctx.model
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._ctx.tokenizer
+
+    @property
+    def device(self) -> Any:
+        return self._ctx.device
+
+    @property
+    def input_ids(self) -> Any:
+        return self._ctx.input_ids
+
+    @contextlib.contextmanager
+    def iteration(self, arm_name: str) -> Any:
+        """Yield a no-argument callable running one measured iteration of ``arm_name``.
+
+        Decode: eager is one ``generate`` (its first forward is the prefill), the graph arms
+        a prefill plus ``gen - 1`` captured steps (capture happens before the yield).
+        Prefill: one forward (captured for the graph arms). Diffusion: one generation.
+        The arm's details (backend, kv_cache, plug-ins) are in ``self.details`` afterwards.
+        """
+        import torch
+
+        if arm_name not in ARMS:
+            raise BadInputError(f"unknown arm {arm_name!r}: choose from {', '.join(ARMS)}")
+        ctx = self._ctx
+        arm = ArmResult(name=arm_name)
+        self.details = arm.details
+        with _moe_routing_for(ctx, arm), _kernels_for(ctx, arm_name) as plugins:
+            if plugins:
+                arm.details["plugins"] = [p.name for p in plugins]
+            regime = ctx.config.regime
+            fn: Callable[[], Any]
+            if regime == "decode" and arm_name == "eager":
+                fn = lambda: _eager_generate(ctx)  # noqa: E731
+            elif regime == "decode":
+                fn = _graph_decode_iteration(ctx, arm)
+            elif regime == "prefill" and arm_name == "eager":
+                fn = _prefill_fn(ctx)
+            elif regime == "prefill":
+                from pypto_capture import make_backend
+
+                backend = make_backend(ctx.config.graph_backend, ctx.device)
+                arm.details["backend"] = backend.name
+                with torch.inference_mode():
+                    fn = backend.capture(_prefill_fn(ctx), warmup=1).replay
+            else:
+                plan = _diffusion_plan(ctx, arm)
+                fn = lambda: _diffusion_call(ctx, plan)  # noqa: E731
+
+            def run() -> Any:
+                with torch.inference_mode():
+                    return fn()
+
+            yield run
+            if plugins:
+                arm.details["plugin_reports"] = {p.name: p.report() for p in plugins}
+
+
+def open_session(config: BenchConfig, *, progress: ProgressFn | None = None) -> BenchSession:
+    """Validate ``config``, load its model and inputs; raises as ``run_bench`` does."""
+    config.validate()
+    return BenchSession(*_load_context(config, progress))

@@ -117,6 +117,46 @@ def measure_bandwidth(device: Any, *, mib: int = 256, repeats: int = 5) -> dict[
     }
 
 
+MATMUL_METHOD = (
+    "best of {n} square {size}x{size} {dtype} matmuls (2*n^3 FLOPs each) = {tflops:.3f} TFLOP/s"
+)
+
+
+def measure_matmul_peak(
+    device: Any, dtype: Any = None, *, size: int | None = None, repeats: int = 5
+) -> dict[str, Any]:
+    """Practical matmul throughput (FLOP/s) of ``device`` for ``dtype``, measured in this run.
+
+    The compute ceiling a large batch or prefill is judged against (bandwidth binds decode).
+    A square matmul large enough to leave the launch overhead behind: 2048 on accelerators,
+    1024 on CPU (a 2-core host would spend seconds on 2048^3).
+    """
+    import torch
+
+    from pypto_capture import synchronize
+
+    dtype = dtype or torch.float32
+    dev = torch.device(device)
+    n = size or (1024 if dev.type == "cpu" else 4096)
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(dev)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    flops = 2.0 * n**3 / best
+    name = str(dtype).replace("torch.", "")
+    return {
+        "flops_per_s": flops,
+        "dtype": name,
+        "method": MATMUL_METHOD.format(n=repeats, size=n, dtype=name, tflops=flops / 1e12),
+    }
+
+
 def _text_config(model: Any) -> Any:
     config = model.config
     getter = getattr(config, "get_text_config", None)

@@ -20,7 +20,7 @@ from .backends import (
 )
 from .bisect import STAGES, BisectResult, bisect_capture
 from .cache import capture_safe_cache_class, make_capture_safe_cache
-from .decode import DecodeStepRunner
+from .decode import STEP_MARKER, DecodeStepRunner
 from .device import (
     MemoryStats,
     device_name,
@@ -61,6 +61,7 @@ __all__ = [
     "KNOWN_CAUSES",
     "MOE_ROUTINGS",
     "STAGES",
+    "STEP_MARKER",
     "BisectResult",
     "CaptureExplanation",
     "CaptureFailedError",

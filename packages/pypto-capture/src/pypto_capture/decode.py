@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 __all__ = ["DecodeStepRunner"]
 
 
+#: Name of the profiler range around each replayed decode step (only under a profiler).
+STEP_MARKER = "pypto_capture::decode_step"
+
+
 class DecodeStepRunner:
     """Greedy decoding with a captured one-token step (see the module docstring).
 
@@ -243,9 +247,17 @@ class DecodeStepRunner:
         tokens = torch.empty(self.batch_size, steps, dtype=torch.long, device=self.device)
         self.tok.copy_(first_token.reshape(self.batch_size, 1).to(self.device))
         step = self._captured
-        for i in range(steps):
-            out = step.replay()
-            tokens[:, i].copy_(out[:, 0])
+        if torch.autograd._profiler_enabled():
+            # Under a profiler (pypto-tune) each replay is one named range, so a trace can
+            # tell steps apart; outside one the loop pays nothing for it.
+            for i in range(steps):
+                with torch.profiler.record_function(STEP_MARKER):
+                    out = step.replay()
+                    tokens[:, i].copy_(out[:, 0])
+        else:
+            for i in range(steps):
+                out = step.replay()
+                tokens[:, i].copy_(out[:, 0])
         self._host_pos += steps
         return tokens
 

@@ -36,6 +36,7 @@ EXIT_RANGES: dict[str, range] = {
     "pypto-doctor": range(50, 60),
     "pypto-e2e": range(60, 70),
     "pypto-gutenocr": range(70, 80),
+    "pypto-tune": range(80, 90),
 }
 
 

@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    r = sub.add_parser("run", help="download -> patch -> smoke -> bench -> report (resumable)")
+    r = sub.add_parser(
+        "run", help="download -> patch -> smoke -> bench -> [tune] -> report (resumable)"
+    )
     r.add_argument(
         "--model-id", help="ORG/REPO on the hub (or the mirror in --endpoint / HF_ENDPOINT)"
     )
@@ -104,6 +106,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--fuse", action="store_true", help="also run pypto+graph and compare it with graph"
     )
     g.add_argument("--prompt", default=None, help="smoke-gate prompt")
+    t = r.add_argument_group("tune (pypto-tune; needs pip install 'pypto-e2e[tune]')")
+    t.add_argument(
+        "--tune",
+        action="store_true",
+        help="after the bench, profile its step and advise (WORK/report/tune/, linked in "
+        "report.md)",
+    )
+    t.add_argument(
+        "--tune-arm",
+        default="eager",
+        metavar="ARM",
+        help="arm to profile: eager (default), graph or pypto+graph",
+    )
+    t.add_argument(
+        "--tune-level",
+        default="light",
+        metavar="LEVEL",
+        help="light (default: operators and modules) or detail (shapes, stacks, memory)",
+    )
+    t.add_argument(
+        "--tune-iters", type=int, default=3, metavar="N", help="profiled iterations (default 3)"
+    )
     f = r.add_argument_group("flow")
     f.add_argument("--skip", help=f"comma list of steps to skip ({', '.join(STEPS)})")
     f.add_argument("--from", dest="from_step", choices=STEPS, help="re-run from this step on")
@@ -142,6 +166,10 @@ def run_config_from_args(args: argparse.Namespace, command_line: list[str]) -> R
         prompt=args.prompt,
         trust_remote_code=args.trust_remote_code,
         fuse=args.fuse,
+        tune=args.tune,
+        tune_arm=args.tune_arm,
+        tune_level=args.tune_level,
+        tune_iters=args.tune_iters,
         skip=_steps(args.skip),
         from_step=args.from_step,
         command_line=command_line,

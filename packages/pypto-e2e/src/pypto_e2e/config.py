@@ -15,9 +15,12 @@ from urllib.parse import urlsplit
 
 from pypto_bench import BenchConfig
 
-from .errors import BadRunInputError, cause_of
+from .errors import BadRunInputError, E2EEnvironmentError, cause_of
 
-STEPS = ("download", "patch", "smoke", "bench", "report")
+STEPS = ("download", "patch", "smoke", "bench", "tune", "report")
+
+#: What the tune step needs installed; named in the error when it is missing.
+TUNE_INSTALL = "pip install 'pypto-e2e[tune]'"
 
 
 @dataclass
@@ -50,6 +53,11 @@ class RunConfig:
     prompt: str | None = None
     trust_remote_code: bool = False
     fuse: bool = False
+    # tune (pypto-tune, an optional extra): profile + advise after the bench
+    tune: bool = False
+    tune_arm: str = "eager"
+    tune_level: str = "light"
+    tune_iters: int = 3
     # flow control
     skip: tuple[str, ...] = ()
     from_step: str | None = None
@@ -148,6 +156,8 @@ class RunConfig:
             self._validate_family()
         if self.fuse and "bench" in self.skip:
             raise BadRunInputError("--fuse measures in the bench step, which --skip bench skips")
+        if self.tune:
+            self._validate_tune()
         wd = Path(self.work_dir).expanduser()
         if wd.exists() and not wd.is_dir():
             raise BadRunInputError(f"work dir {wd} is a file: pass a directory path to --work-dir")
@@ -185,3 +195,38 @@ class RunConfig:
             raise BadRunInputError(
                 str(err), cause=cause_of("pypto-patch", "pypto_patch", err.exit_code)
             ) from err
+
+    def _validate_tune(self) -> None:
+        """The tune settings, checked before any step so a typo never costs a download.
+
+        Whether pypto-tune is installed is checked first: without it no other tune
+        setting means anything, and the fix is the install line.
+        """
+        if "tune" in self.skip:
+            return
+        if "bench" in self.skip:
+            raise BadRunInputError(
+                "--tune profiles the bench's step, which --skip bench skips: drop one of them"
+            )
+        try:
+            import pypto_tune
+        except ImportError as err:
+            raise E2EEnvironmentError(
+                f"--tune needs pypto-tune, which is not installed: {TUNE_INSTALL}"
+            ) from err
+        from pypto_bench import ARMS
+
+        if self.tune_arm not in ARMS:
+            raise BadRunInputError(
+                f"unknown --tune-arm {self.tune_arm!r}: choose from {', '.join(ARMS)}"
+            )
+        levels = tuple(pypto_tune.LEVELS)
+        if self.tune_level not in levels:
+            raise BadRunInputError(
+                f"unknown --tune-level {self.tune_level!r}: choose from {', '.join(levels)}"
+            )
+        iters = self.tune_iters
+        if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+            raise BadRunInputError(
+                f"--tune-iters must be an integer >= 1 (got {iters!r}): e.g. --tune-iters 3"
+            )

@@ -47,6 +47,11 @@ EXIT = ExitCodeTable(
         ),
         (65, "ARM_FAILED", "the bench ran but at least one arm failed; the report says why"),
         (66, "REPORT_FAILED", "the report could not be written or rendered"),
+        (
+            67,
+            "TUNE_FAILED",
+            "the tune step (--tune: profile + advise) failed; the bench results are intact",
+        ),
     ],
 )
 
@@ -56,6 +61,7 @@ STEP_TOOLS = {
     "patch": ("pypto-patch", "pypto_patch"),
     "smoke": ("pypto-bench", "pypto_bench"),
     "bench": ("pypto-bench", "pypto_bench"),
+    "tune": ("pypto-tune", "pypto_tune"),
     "report": ("pypto-bench", "pypto_bench"),
 }
 
@@ -65,6 +71,7 @@ STEP_CODES = {
     "patch": EXIT.PATCH_FAILED,
     "smoke": EXIT.SMOKE_FAILED,
     "bench": EXIT.BENCH_FAILED,
+    "tune": EXIT.TUNE_FAILED,
     "report": EXIT.REPORT_FAILED,
 }
 

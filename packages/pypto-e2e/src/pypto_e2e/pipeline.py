@@ -1,4 +1,4 @@
-"""The workflow as resumable steps: download -> patch -> smoke -> bench -> report.
+"""The workflow as resumable steps: download -> patch -> smoke -> bench -> tune -> report.
 
 Every step is a library call into the package that owns it (:mod:`pypto_e2e.steps`);
 this module only decides what runs, records it in the run manifest, and hands the
@@ -25,7 +25,16 @@ from .config import STEPS, RunConfig
 from .errors import E2EError
 from .fingerprint import FolderFingerprint, fingerprint_folder
 from .manifest import MANIFEST_NAME, Manifest, fingerprint
-from .steps import do_bench, do_download, do_patch, do_report, do_smoke, step_failure, verify_pin
+from .steps import (
+    do_bench,
+    do_download,
+    do_patch,
+    do_report,
+    do_smoke,
+    do_tune,
+    step_failure,
+    verify_pin,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,9 @@ class RunResult:
     failed_arms: list[str] = field(default_factory=list)
     removed_auto_map: list[dict[str, Any]] = field(default_factory=list)
     remote_code: str = ""
+    #: The tune step's files (``profile``, ``markdown``, ``trace``, ``plot``); empty
+    #: without ``--tune``.
+    tune: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +76,7 @@ class RunResult:
             "failed_arms": self.failed_arms,
             "removed_auto_map": self.removed_auto_map,
             "remote_code": self.remote_code,
+            "tune": dict(self.tune) or None,
             "steps": [
                 {"name": s.name, "status": s.status, "seconds": round(s.seconds, 3), "note": s.note}
                 for s in self.steps
@@ -194,8 +207,25 @@ class RunState:
             ).to_dict()
             settings["model_path"] = self.model_fingerprint()
             return settings
+        if name == "tune":
+            if not c.tune:
+                return {"requested": False}
+            # The bench step's own settings on the same folder fingerprint: a changed
+            # bench flag or model file profiles again, and so does a new pypto-tune.
+            bench = c.bench_config(
+                model_path=None, report_file=None, trust_remote_code=self.trust_remote_code()
+            ).to_dict()
+            bench["model_path"] = self.model_fingerprint()
+            return {
+                "bench": bench,
+                "arm": c.tune_arm,
+                "level": c.tune_level,
+                "iters": c.tune_iters,
+                "pypto_tune": _tune_version(),
+            }
         return {
             "bench": self.outputs.get("bench", {}),
+            "tune": self.outputs.get("tune", {}),
             "smoke": self.outputs.get("smoke", {}),
             "patch": self.patch_summary(),
         }
@@ -206,6 +236,9 @@ class RunState:
             value = outputs.get(key)
             if value and not Path(value).exists():
                 return False
+        files = outputs.get("files")
+        if isinstance(files, dict) and not all(Path(str(v)).exists() for v in files.values()):
+            return False
         digest = outputs.get("report_sha256")
         if digest and outputs.get("report_json"):
             data = Path(outputs["report_json"]).read_bytes()
@@ -306,6 +339,14 @@ def _preset_fingerprint(family: str | None) -> Any:
     return getattr(preset, "fingerprint", None) or getattr(preset, "version", None)
 
 
+def _tune_version() -> str | None:
+    try:
+        from pypto_tune import __version__
+    except ImportError:
+        return None
+    return str(__version__)
+
+
 def run(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> RunResult:
     """Run (or resume) the workflow; raises ``E2EError`` naming the failed step."""
     config.validate()
@@ -316,6 +357,7 @@ def run(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> 
             state.run_step("patch", do_patch),
             state.run_step("smoke", do_smoke),
             state.run_step("bench", do_bench),
+            state.run_step("tune", do_tune),
             state.run_step("report", do_report),
         ]
     except E2EError as err:
@@ -338,6 +380,7 @@ def run(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> 
         failed_arms=list(bench_out.get("failed_arms", [])),
         removed_auto_map=state.patch_summary()["removed_auto_map"],
         remote_code=state.remote_code_text(),
+        tune=dict(state.outputs.get("tune", {}).get("files") or {}),
     )
     state.manifest.data["result"] = result.to_dict()
     state.manifest.save()

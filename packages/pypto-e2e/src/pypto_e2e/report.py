@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,14 @@ def render_markdown(
     *,
     patch: dict[str, Any] | None = None,
     bench_json: Path | None = None,
+    tune: dict[str, Any] | None = None,
+    report_dir: Path | None = None,
 ) -> str:
-    """Markdown for ``report.md``; the caller redacts it before it is written."""
+    """Markdown for ``report.md``; the caller redacts it before it is written.
+
+    ``tune`` is the tune step's outputs (``--tune``); its files are linked relative to
+    ``report_dir`` so the report folder can be moved or archived as a whole.
+    """
     from pypto_bench import report_to_markdown
 
     lines = ["# pypto end-to-end report", ""]
@@ -48,7 +56,68 @@ def render_markdown(
     if bench_json is not None:
         lines.append(f"- bench JSON: `{bench_json}`")
     lines += ["", report_to_markdown(data)]
+    if tune and tune.get("files"):
+        lines += ["", *tuning_section(tune, report_dir)]
     return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    """``text`` as one inline code span, whatever backticks it holds (a path may have some)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _link(path: str, report_dir: Path | None) -> str:
+    target = Path(path)
+    if report_dir is not None:
+        try:
+            target = Path(os.path.relpath(target, report_dir))
+        except ValueError:  # another drive: keep the absolute path
+            pass
+    shown = target.as_posix()
+    # Angle brackets keep spaces and parentheses in a path part of the link target.
+    return f"[{shown}](<{shown}>)"
+
+
+def tuning_section(tune: dict[str, Any], report_dir: Path | None = None) -> list[str]:
+    """The "Tuning" section: the profiled step time, the best advice and the files."""
+    files = tune.get("files") or {}
+    step_us = tune.get("step_us") or 0.0
+    unit = tune.get("step_unit") or "step"
+    lines = [
+        "## Tuning",
+        "",
+        f"pypto-tune profiled the **{tune.get('arm')}** arm ({tune.get('level')} level): "
+        f"**{step_us / 1000:.2f} ms** per {unit}.",
+        "",
+    ]
+    recs = tune.get("recommendations") or []
+    if recs:
+        lines += ["Top recommendations (estimated whole-step speedup):", ""]
+        for i, rec in enumerate(recs, 1):
+            est = rec.get("estimated_speedup")
+            est_text = f"~{est:.2f}x" if isinstance(est, (int, float)) and est else "not estimated"
+            lines.append(f"{i}. **{rec.get('title')}** ({est_text}, {_code(str(rec.get('id')))})")
+            if rec.get("command"):
+                lines.append(f"   - command: {_code(str(rec['command']))}")
+    else:
+        lines.append("No finding above pypto-tune's thresholds: no recommendation.")
+    lines += [""]
+    if files.get("markdown"):
+        lines.append(
+            f"- profile: {_link(files['markdown'], report_dir)} (findings, thresholds, evidence)"
+        )
+    if files.get("trace"):
+        lines.append(
+            f"- trace: {_link(files['trace'], report_dir)} (open in https://ui.perfetto.dev)"
+        )
+    if files.get("plot"):
+        lines.append(f"- time by block: {_link(files['plot'], report_dir)}")
+    if files.get("profile"):
+        lines.append(f"- profile JSON: {_link(files['profile'], report_dir)}")
+    return lines
 
 
 def arm_ratio(data: dict[str, Any], num: str, den: str) -> float | None:

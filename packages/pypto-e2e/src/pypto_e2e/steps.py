@@ -1,4 +1,4 @@
-"""The five steps, each a library call into the package that owns the work.
+"""The six steps, each a library call into the package that owns the work.
 
 A step returns ``(outputs, note)``; the orchestration in :mod:`pypto_e2e.pipeline`
 records it. Typed errors of the step tools become :class:`StepFailedError` with the
@@ -305,6 +305,119 @@ def _bench_code(name: str) -> int | None:
         return None
 
 
+# --------------------------------------------------------------------------- tune
+
+#: What the tune step writes under ``WORK/report/tune`` (pypto-tune's own file names).
+TUNE_FILES = {
+    "profile": "profile.json",
+    "markdown": "profile.md",
+    "trace": "trace.json",
+    "plot": "breakdown.png",
+}
+#: How many recommendations the step records and the report shows.
+TUNE_TOP = 3
+
+
+def tune_dir(state: RunState) -> Path:
+    return state.work_dir / "report" / "tune"
+
+
+def do_tune(state: RunState) -> StepResult:
+    """Profile the bench's own step with pypto-tune, advise, and write its outputs.
+
+    The profile runs the bench step's configuration on the same folder with the same
+    remote-code decision, so the advice is about what the report measured, not about a
+    second harness.
+    """
+    c = state.config
+    if not c.tune:
+        return {"not_needed": True}, "not requested (pass --tune to profile and advise)"
+    from pypto_tune import TuneError, advise, profile_model, write_outputs
+
+    trust = state.trust_for_load("tune")
+    bench_config = c.bench_config(
+        model_path=str(state.model_path()),
+        report_file=None,
+        trust_remote_code=trust,
+        command_line=state.command_line,
+    )
+    out = tune_dir(state)
+    try:
+        # Before the profile: a folder that cannot be written fails now, not after it.
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _unwritable(out, err) from err
+    try:
+        prof = profile_model(
+            bench_config,
+            arm=c.tune_arm,
+            level=c.tune_level,
+            iters=c.tune_iters,
+            # The graph arm compiles in its first call: that must not be profiled.
+            warmup=max(1, int(bench_config.warmup)),
+            progress=lambda msg: state.say(f"[tune] {msg}"),
+        )
+        advise(prof)
+    except TuneError as err:
+        raise step_failure("tune", err, resume=_TUNE_RESUME) from err
+    try:
+        written = write_outputs(prof, out)
+    except TuneError as err:
+        raise step_failure("tune", err, resume=_TUNE_RESUME) from err
+    except OSError as err:
+        raise _unwritable(out, err) from err
+    files = {key: str(Path(value).resolve()) for key, value in written.items() if value}
+    # A file an earlier run wrote and this one did not (no matplotlib now, say) would be
+    # linked as if it were this profile's: remove it.
+    for key, name in TUNE_FILES.items():
+        stale = out / name
+        if key not in files and stale.is_file():
+            stale.unlink()
+    recs = [
+        {
+            "id": r.get("id"),
+            "title": r.get("title"),
+            "estimated_speedup": r.get("estimated_speedup"),
+            "command": r.get("command"),
+        }
+        for r in prof.recommendations[:TUNE_TOP]
+    ]
+    outputs: dict[str, Any] = {
+        "dir": str(out.resolve()),
+        "files": files,
+        "arm": c.tune_arm,
+        "level": c.tune_level,
+        "step_us": prof.step_us,
+        "step_unit": prof.step.get("unit"),
+        "findings": len(prof.findings),
+        "recommendations": recs,
+    }
+    best = recs[0] if recs else None
+    note = f"{prof.step_us / 1000:.2f} ms per {prof.step.get('unit') or 'step'}"
+    if best and best.get("estimated_speedup"):
+        note += f"; best advice: {best['id']} (estimated {best['estimated_speedup']:.2f}x)"
+    else:
+        note += "; no recommendation above the thresholds"
+    return outputs, note
+
+
+def _unwritable(out: Path, err: OSError) -> StepFailedError:
+    return StepFailedError(
+        "tune",
+        f"cannot write the profile to {out}: {err.strerror or err}; the bench results are "
+        "safe in the report folder",
+        exit_code=EXIT.TUNE_FAILED,
+        resume="make that folder writable (or remove the file in its place), then re-run "
+        "the same command",
+    )
+
+
+_TUNE_RESUME = (
+    "fix the cause and re-run the same command, which reuses the completed steps and the "
+    "bench; or drop --tune to render the report without a profile"
+)
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -323,8 +436,15 @@ def do_report(state: RunState) -> StepResult:
     markdown = report_dir / "report.md"
     plot = report_dir / "tokens_per_s.png"
     smoke_result = state.outputs.get("smoke", {}).get("result")
+    tune = state.outputs.get("tune", {})
     text = render_markdown(
-        data, smoke_result, state.config, patch=state.patch_summary(), bench_json=report_json
+        data,
+        smoke_result,
+        state.config,
+        patch=state.patch_summary(),
+        bench_json=report_json,
+        tune=None if tune.get("not_needed") else tune,
+        report_dir=report_dir,
     )
     try:
         report_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import sys
 import types
 
-from . import stats, switches
+from . import costmodel, stats, switches
+from .costmodel import CostModelError, CostResult, TunableKernel
+from .kernels import Tiles
 from .ops import (
     ENVELOPES,
     PACKED,
@@ -30,11 +32,16 @@ __version__ = "0.1.0"
 __all__ = [
     "ENVELOPES",
     "PACKED",
+    "CostModelError",
+    "CostResult",
     "Decision",
     "DynamicPTOConfig",
     "Envelope",
     "KernelError",
     "PolicyError",
+    "Tiles",
+    "TunableKernel",
+    "costmodel",
     "mrope_pto_correct",
     "mrope_reference",
     "mrope_select",

@@ -41,5 +41,16 @@ class GutenOCRKernelPlugin:
     def report(self) -> dict[str, Any]:
         return stats.report()
 
+    def tunables(self) -> dict[str, Any]:
+        """Kernels whose tile shapes pypto-tune can search over the PyPTO cost model.
+
+        Each value has ``simulate``, ``candidate_tiles``, ``default_tiles``,
+        ``shape_names`` (see :class:`.costmodel.TunableKernel`). Imported lazily so
+        loading the plug-in for a bench run does not pull the cost-model code in.
+        """
+        from .costmodel import TUNABLES
+
+        return dict(TUNABLES)
+
 
 PLUGIN = GutenOCRKernelPlugin()

@@ -1,0 +1,5 @@
+"""``python -m pypto_tune`` == ``pypto-tune``."""
+
+from .cli import main
+
+raise SystemExit(main())

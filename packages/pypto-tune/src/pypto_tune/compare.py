@@ -1,0 +1,152 @@
+"""Before/after: operator- and block-level diff of two profiles, and whether the
+baseline's predictions came true.
+
+A recommendation counts as applied when the optimised profile's settings satisfy its
+``applies_when`` (e.g. the graph arm ran), or when the caller names it. The verdict is
+the factor between predicted and measured speedup (1.0 = exact); within
+``tolerance`` (default 2x) the prediction "came true".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .errors import NotComparableError
+from .records import Profile
+from .summary import op_time
+
+#: What must match for two profiles to be compared (the arm and settings may differ).
+_SAME = ("regime", "batch", "seq", "gen")
+
+
+def _model_id(p: Profile) -> tuple[Any, Any]:
+    model = p.meta.get("model") or {}
+    return model.get("class"), model.get("parameters")
+
+
+def _applied(rec: dict[str, Any], opt: Profile) -> bool:
+    cond = rec.get("applies_when") or {}
+    if "arm" in cond:
+        return opt.meta.get("arm") in cond["arm"]
+    if "attn_implementation" in cond:
+        cfg = opt.meta.get("bench_config") or {}
+        return cfg.get("attn_implementation") == cond["attn_implementation"]
+    return False
+
+
+def compare_profiles(
+    base: Profile,
+    opt: Profile,
+    *,
+    applied: list[str] | None = None,
+    tolerance: float = 2.0,
+    top: int = 10,
+) -> dict[str, Any]:
+    """The diff and the prediction check; raises NotComparableError for different runs."""
+    for key in _SAME:
+        if base.meta.get(key) != opt.meta.get(key):
+            raise NotComparableError(
+                f"the profiles differ in {key} ({base.meta.get(key)!r} vs {opt.meta.get(key)!r}): "
+                "profile both with the same --regime/--batch/--seq/--gen"
+            )
+    if _model_id(base) != _model_id(opt):
+        raise NotComparableError(
+            f"the profiles are of different models ({_model_id(base)} vs {_model_id(opt)}): "
+            "compare two profiles of the same model folder"
+        )
+    b_us, o_us = base.step_us, opt.step_us
+    speedup = b_us / o_us if o_us else None
+    blocks = {}
+    for name in sorted(set(base.blocks) | set(opt.blocks)):
+        bb = base.blocks.get(name, {}).get("us", 0.0)
+        oo = opt.blocks.get(name, {}).get("us", 0.0)
+        blocks[name] = {"base_us": bb, "opt_us": oo, "delta_us": oo - bb}
+
+    def by_op(p: Profile) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = defaultdict(float)
+        dev = str(p.meta.get("device_type") or "cpu")
+        for o in p.ops:
+            out[(o.name, o.block)] += op_time(o, dev)
+        return out
+
+    bo, oo_ = by_op(base), by_op(opt)
+    ops: list[dict[str, Any]] = []
+    for n, blk in set(bo) | set(oo_):
+        before, after = bo.get((n, blk), 0.0), oo_.get((n, blk), 0.0)
+        ops.append(
+            {
+                "name": n,
+                "block": blk,
+                "base_us": before,
+                "opt_us": after,
+                "delta_us": after - before,
+            }
+        )
+    ops.sort(key=lambda o: abs(float(o["delta_us"])), reverse=True)
+
+    named = set(applied or [])
+    checks = []
+    for rec in base.recommendations:
+        if not (rec.get("id") in named or (not named and _applied(rec, opt))):
+            continue
+        pred = rec.get("estimated_speedup")
+        check: dict[str, Any] = {
+            "id": rec.get("id"),
+            "title": rec.get("title"),
+            "predicted": pred,
+            "measured": speedup,
+        }
+        if pred and speedup:
+            factor = max(pred / speedup, speedup / pred)
+            check["factor"] = factor
+            check["came_true"] = factor <= tolerance
+        else:
+            check["factor"] = None
+            check["came_true"] = None
+        checks.append(check)
+    if named - {c["id"] for c in checks}:
+        missing = ", ".join(sorted(named - {c["id"] for c in checks}))
+        raise NotComparableError(
+            f"the baseline has no recommendation {missing}: pick an id from `pypto-tune advise BASE`"
+        )
+    return {
+        "base": {"arm": base.meta.get("arm"), "step_us": b_us},
+        "opt": {"arm": opt.meta.get("arm"), "step_us": o_us},
+        "step_speedup": speedup,
+        "blocks": blocks,
+        "ops": ops[:top],
+        "predictions": checks,
+        "tolerance": tolerance,
+    }
+
+
+def comparison_markdown(c: dict[str, Any]) -> str:
+    lines = [
+        "# pypto-tune compare",
+        "",
+        f"Step: {c['base']['step_us']:.1f} us ({c['base']['arm']}) -> {c['opt']['step_us']:.1f} us "
+        f"({c['opt']['arm']}): {c['step_speedup']:.2f}x"
+        if c["step_speedup"]
+        else "Step: n/a",
+        "",
+        "| block | base us | opt us | delta |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, b in c["blocks"].items():
+        lines.append(f"| {name} | {b['base_us']:.1f} | {b['opt_us']:.1f} | {b['delta_us']:+.1f} |")
+    lines += ["", "| operator | block | base us | opt us | delta |", "|---|---|---:|---:|---:|"]
+    for o in c["ops"]:
+        lines.append(
+            f"| `{o['name']}` | {o['block']} | {o['base_us']:.1f} | {o['opt_us']:.1f} | {o['delta_us']:+.1f} |"
+        )
+    lines += ["", "## Predictions", ""]
+    if not c["predictions"]:
+        lines.append("No baseline recommendation was applied in the optimised profile.")
+    for p in c["predictions"]:
+        verdict = {True: "came true", False: "missed", None: "not estimated"}[p["came_true"]]
+        pred = f"{p['predicted']:.2f}x" if p["predicted"] else "-"
+        meas = f"{p['measured']:.2f}x" if p["measured"] else "-"
+        factor = f" (within {p['factor']:.2f}x)" if p.get("factor") else ""
+        lines.append(f"- {p['id']}: predicted {pred}, measured {meas}: {verdict}{factor}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,70 @@
+"""Typed errors of pypto-tune, each carrying its CLI exit code (read them by name)."""
+
+from __future__ import annotations
+
+from pypto_common import ExitCodeTable
+
+#: pypto-tune's exit codes (shared 0-3 plus its own range 80-89).
+EXIT = ExitCodeTable(
+    "pypto-tune",
+    [
+        (0, "OK", "success"),
+        (1, "FAILED", "the job failed for a reason not listed below (details on stderr)"),
+        (2, "USAGE", "bad flags or input; nothing was profiled or written"),
+        (3, "ENVIRONMENT", "the requested device, profiler or optional dependency is missing"),
+        (
+            80,
+            "BAD_PROFILE",
+            "a profile file is unreadable, not a pypto-tune profile, or of a newer schema",
+        ),
+        (81, "PROFILE_FAILED", "the profiled step raised; nothing was written"),
+        (
+            82,
+            "NOT_COMPARABLE",
+            "compare: the two profiles measure different models, regimes or shapes",
+        ),
+        (83, "SEARCH_FAILED", "tile-search: no candidate tiling ran in the cost model"),
+    ],
+)
+
+
+class TuneError(Exception):
+    """Base of every pypto-tune error; ``str()`` is one line naming the problem and the fix."""
+
+    exit_code = EXIT.FAILED
+
+
+class BadInputError(TuneError, ValueError):
+    """The request is wrong (flags, paths, shapes); nothing was run or written."""
+
+    exit_code = EXIT.USAGE
+
+
+class EnvironmentMissingError(TuneError):
+    """A device, profiler backend or optional dependency is not available here."""
+
+    exit_code = EXIT.ENVIRONMENT
+
+
+class ProfileFormatError(TuneError):
+    """A profile (or a vendor profiler's output folder) cannot be read."""
+
+    exit_code = EXIT.BAD_PROFILE
+
+
+class ProfileFailedError(TuneError):
+    """The step being profiled raised."""
+
+    exit_code = EXIT.PROFILE_FAILED
+
+
+class NotComparableError(TuneError):
+    """Two profiles that do not measure the same thing."""
+
+    exit_code = EXIT.NOT_COMPARABLE
+
+
+class SearchFailedError(TuneError):
+    """No candidate of a tile search ran."""
+
+    exit_code = EXIT.SEARCH_FAILED

@@ -1,0 +1,466 @@
+"""Profile the step pypto-bench measures, on the bench's own model, inputs and arms.
+
+The iteration comes from ``pypto_bench.open_session``: the same loading, prompt, MoE
+routing, kernel plug-ins and captured step as a ``pypto-bench run`` (no second harness
+that could drift from it). Warmup iterations (where torch.compile compiles) run before
+the profiler starts; peaks (matmul throughput and read bandwidth) are measured on the
+same device in the same process, right after the profiled iterations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .collect import ITERATION_MARKER, LEVELS, ModuleScopes, launch_probe, profile
+from .errors import BadInputError, EnvironmentMissingError, ProfileFailedError, TuneError
+from .records import Profile
+from .summary import summarize
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str], None]
+
+
+def _bench_error(err: Exception) -> TuneError:
+    """A pypto-bench error as pypto-tune's own kind (exit codes stay in this tool's table)."""
+    import pypto_bench
+
+    msg = str(err)
+    if isinstance(err, pypto_bench.BadInputError):
+        return BadInputError(msg)
+    if isinstance(err, pypto_bench.EnvironmentMissingError):
+        return EnvironmentMissingError(msg)
+    return TuneError(msg)
+
+
+def dynamo_counters() -> dict[str, Any]:
+    """A snapshot of torch.compile's counters (graph breaks, graphs compiled, frames)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # torch without dynamo: nothing to count
+        return {}
+    return {k: dict(v) for k, v in counters.items()}
+
+
+def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What torch.compile did between two snapshots: breaks by reason, new graphs, frames."""
+    breaks: dict[str, int] = {}
+    for reason, n in after.get("graph_break", {}).items():
+        d = n - before.get("graph_break", {}).get(reason, 0)
+        if d > 0:
+            # The first line is the kind ("Failed to trace builtin operator"), the second
+            # names the culprit ("... operator `print` ..."): keep both.
+            lines = [ln.strip() for ln in str(reason).strip().splitlines()[:2]]
+            breaks[" ".join(lines)[:300]] = d
+    stats_a, stats_b = after.get("stats", {}), before.get("stats", {})
+    frames_a, frames_b = after.get("frames", {}), before.get("frames", {})
+    return {
+        "graph_breaks": breaks,
+        "graph_break_count": sum(breaks.values()),
+        "graphs_compiled": stats_a.get("unique_graphs", 0) - stats_b.get("unique_graphs", 0),
+        "frames_traced": frames_a.get("total", 0) - frames_b.get("total", 0),
+    }
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def memory_sample(device: Any) -> tuple[str, int | None]:
+    """(kind, bytes): the allocator's reserved bytes on an accelerator, RSS on CPU."""
+    if getattr(device, "type", str(device)) == "cpu":
+        return "process resident set (RSS)", _rss_bytes()
+    from pypto_capture import memory_stats
+
+    return "allocator reserved", int(memory_stats(device).reserved)
+
+
+def measure_launch_overhead(device: Any, *, repeats: int = 2000) -> float:
+    """Median host time of one tiny operator call (us): the price of an operator that does
+    no work. Below a few of these an operator's time is launch, not computation."""
+    import statistics
+
+    import torch
+
+    from pypto_capture import synchronize
+
+    a = torch.ones(1, device=device)
+    out = torch.empty_like(a)
+    times = []
+    with torch.inference_mode():
+        for _ in range(20):
+            torch.add(a, a, out=out)
+        synchronize(device)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.add(a, a, out=out)
+            times.append(time.perf_counter() - t)
+        synchronize(device)
+    return statistics.median(times) * 1e6
+
+
+def measure_replay_overhead(
+    device: Any, *, tensors: int = 1, segments: int = 1, repeats: int = 50
+) -> dict[str, Any]:
+    """Median replay time of a small captured step shaped like the model's: ``segments``
+    tiny matmuls each followed by fusible elementwise work (a compiled graph calls the
+    matmul and one fused kernel per segment) and ``tensors`` inputs (a compiled step
+    checks a guard per input tensor). On the device's default graph backend (compile on
+    CPU, CUDA/NPU graphs on accelerators). It does almost no arithmetic, so its time is
+    what a captured step of this structure costs besides its matmuls' work."""
+    import statistics
+
+    import torch
+
+    from pypto_capture import make_backend, synchronize
+
+    segments = max(1, min(int(segments), 4096))
+    extra = max(0, min(int(tensors) - segments, 8192))
+    weights = [torch.randn(8, 8, device=device) for _ in range(segments)]
+    inputs = [torch.zeros(4, device=device) for _ in range(extra)]
+    x = torch.randn(1, 8, device=device)
+    out = torch.empty(1, 8, device=device)
+
+    def step() -> Any:
+        h = x
+        for w in weights:
+            h = torch.nn.functional.silu(h @ w) * 0.5 + h
+        acc = h.sum()
+        for t in inputs:
+            acc = acc + t[0]
+        return out.copy_(h + acc)
+
+    backend = make_backend("auto", device)
+    with torch.inference_mode():
+        captured = backend.capture(step, warmup=1)
+        times = []
+        for _ in range(repeats):
+            synchronize(device)
+            t = time.perf_counter()
+            captured.replay()
+            synchronize(device)
+            times.append(time.perf_counter() - t)
+    return {
+        "us": statistics.median(times) * 1e6,
+        "backend": backend.name,
+        "segments": segments,
+        "tensors": extra + segments,
+    }
+
+
+def measure_peaks(device: Any, dtype: Any) -> dict[str, Any]:
+    """Matmul FLOP/s for the model's dtype and read bandwidth, measured now (the bench's probes)."""
+    from pypto_bench import measure_bandwidth, measure_matmul_peak
+
+    mm = measure_matmul_peak(device, dtype)
+    bw = measure_bandwidth(device)
+    return {
+        "op_launch_us": measure_launch_overhead(device),
+        "matmul_flops_per_s": mm["flops_per_s"],
+        "matmul_method": mm["method"],
+        "bandwidth_bytes_per_s": bw["bytes_per_s"],
+        "bandwidth_method": bw["method"],
+    }
+
+
+def _validate(level: str, iters: int, warmup: int) -> None:
+    if level not in LEVELS:
+        raise BadInputError(f"unknown level {level!r}: choose light or detail")
+    if iters < 1 or warmup < 0:
+        raise BadInputError(f"--iters must be >= 1 and --warmup >= 0 (got {iters}, {warmup})")
+
+
+def profile_step(
+    step: Callable[[], Any],
+    *,
+    device: Any = "cpu",
+    level: str = "light",
+    iters: int = 3,
+    warmup: int = 1,
+    model: Any = None,
+    regime: str = "decode",
+    peaks: bool = True,
+    dtype: Any = None,
+    kv_shapes: dict[str, int] | None = None,
+    replay_probe: bool = False,
+    meta: dict[str, Any] | None = None,
+    output_dir: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Profile:
+    """Profile any step function: warm it up, profile ``iters`` calls, measure peaks.
+
+    With ``model`` (an ``nn.Module`` the step runs eagerly), every operator is attributed
+    to the module that ran it and each root forward is a step (a forward over more than
+    one position is the prompt's and not a decode step). Without it, each call of
+    ``step`` is one step unless the step marks its own (a captured decode loop does).
+    ``kv_shapes`` (batch, heads, kv_heads, head_dim, context) lets the KV-layout
+    detector confirm a suspect layout with a microbenchmark at those shapes.
+    """
+    import torch
+
+    _validate(level, iters, warmup)
+    say = progress or (lambda _m: None)
+    dev = torch.device(device)
+    started = time.time()
+    mem_kind = ""
+    samples: list[int | None] = []
+    try:
+        first = dynamo_counters()
+        for i in range(warmup):
+            say(f"warmup {i + 1}/{warmup}")
+            step()
+        before = dynamo_counters()
+        scopes = (
+            ModuleScopes(model, prefill_marks=regime == "decode") if model is not None else None
+        )
+        try:
+            if scopes is not None:
+                scopes.attach()
+            with profile(level=level, device=dev, output_dir=output_dir) as got:
+                for i in range(iters):
+                    say(f"profiled iteration {i + 1}/{iters}")
+                    with torch.profiler.record_function(ITERATION_MARKER):
+                        step()
+                    mem_kind, value = memory_sample(dev)
+                    samples.append(value)
+                launch_probe(dev)
+        finally:
+            if scopes is not None:
+                scopes.detach()
+        after = dynamo_counters()
+        counters = counter_delta(before, after)
+        # Graph breaks are found when a frame is compiled (the warmup), not when it runs.
+        counters["warmup"] = counter_delta(first, before)
+    except TuneError:
+        raise
+    except Exception as err:
+        if type(err).__module__.startswith("pypto_bench"):
+            raise _bench_error(err) from err
+        raise ProfileFailedError(
+            f"the profiled step raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        ) from err
+    if dtype is None and model is not None:
+        tensors = [*model.parameters(), *model.buffers()]
+        dtype = tensors[0].dtype if tensors else None
+    measured: dict[str, Any] = {}
+    if peaks:
+        say("measuring peaks (matmul, bandwidth)")
+        measured = measure_peaks(dev, dtype)
+    assert got.trace is not None
+    full_meta = {
+        "regime": regime,
+        "level": level,
+        "iters": iters,
+        "warmup": warmup,
+        "device": str(dev),
+        "device_type": dev.type,
+        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "profiler": got.trace.backend,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": time.time() - started,
+        "arm": "eager" if model is not None else "step",
+    }
+    full_meta.update(meta or {})
+    valid = [m for m in samples if m is not None]
+    memory = {
+        "kind": mem_kind,
+        "per_iter": samples,
+        "growth": (valid[-1] - valid[0]) if len(valid) > 1 else 0,
+    }
+    prof = summarize(
+        got.trace,
+        regime=regime,
+        meta=full_meta,
+        peaks=measured,
+        classes=scopes.classes if scopes is not None else None,
+        counters=counters,
+        memory=memory,
+    )
+    if model is None:
+        for op in prof.ops:
+            if op.module is None:
+                op.block = "captured"
+        _rebuild_blocks(prof)
+    if replay_probe and peaks and model is not None:
+        from .summary import heavy_calls
+
+        say("measuring a captured step's fixed cost at this model's structure")
+        try:
+            prof.peaks["replay"] = measure_replay_overhead(
+                dev,
+                tensors=sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers()),
+                segments=round(heavy_calls(prof.ops)),
+            )
+        except Exception as err:  # no capture here: the estimate goes without it
+            log.warning("replay probe skipped: %s", err)
+    if kv_shapes and peaks:
+        from .detect import kv_layout_suspects
+        from .microbench import kv_layout_times
+
+        if kv_layout_suspects(prof):
+            say("microbenchmark: KV-cache layouts at this model's shapes")
+            prof.microbench["kv_layout"] = kv_layout_times(**kv_shapes, device=dev, dtype=dtype)
+    return prof
+
+
+def profile_model(
+    config: Any,
+    *,
+    arm: str = "eager",
+    level: str = "light",
+    iters: int = 3,
+    warmup: int = 1,
+    peaks: bool = True,
+    output_dir: str | None = None,
+    progress: ProgressFn | None = None,
+) -> Profile:
+    """Profile ``iters`` bench iterations of ``arm`` under ``config`` (a ``BenchConfig``).
+
+    Module scopes (attribution) are attached for the eager arm only: capture fuses a
+    graph arm's operators, which are reported as the ``captured`` block (and the hooks
+    would be traced into the graph). Raises ``BadInputError`` /
+    ``EnvironmentMissingError`` for bad requests and ``ProfileFailedError`` when the
+    step itself raises.
+    """
+    import pypto_bench
+
+    _validate(level, iters, warmup)
+    if arm not in pypto_bench.ARMS:
+        raise BadInputError(f"unknown arm {arm!r}: choose from {', '.join(pypto_bench.ARMS)}")
+    say = progress or (lambda _m: None)
+    try:
+        session = pypto_bench.open_session(config)
+    except pypto_bench.BenchError as err:
+        raise _bench_error(err) from err
+    cfg = session.config
+    say(f"{arm}: building the step")
+    try:
+        with session.iteration(arm) as once:
+            prof = profile_step(
+                once,
+                device=session.device,
+                level=level,
+                iters=iters,
+                warmup=warmup,
+                model=session.model if arm == "eager" else None,
+                regime=cfg.regime,
+                peaks=peaks,
+                dtype=next(session.model.parameters()).dtype,
+                kv_shapes=_kv_shapes(session.model, cfg),
+                replay_probe=arm == "eager",
+                meta={"arm": arm},
+                output_dir=output_dir,
+                progress=lambda m: say(f"{arm}: {m}"),
+            )
+            details = dict(getattr(session, "details", {}))
+    except TuneError:
+        raise
+    except pypto_bench.BenchError as err:
+        raise _bench_error(err) from err
+    except Exception as err:
+        raise ProfileFailedError(
+            f"the {arm} step raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        ) from err
+    prof.meta.update(
+        {
+            "model": session.model_info,
+            "arm_details": _jsonable(details),
+            "batch": cfg.batch,
+            "seq": cfg.seq,
+            "gen": cfg.gen,
+            "bench_config": cfg.to_dict(),
+            "kernel_plugins": kernel_plugins_for(session.model),
+            "model_shapes": _model_shapes(session.model, cfg),
+        }
+    )
+    prof.warnings.extend(session.warnings)
+    return prof
+
+
+def _model_shapes(model: Any, cfg: Any) -> dict[str, int]:
+    """The sizes a tile search needs: rows per step (decode: the batch; else batch x
+    sequence), hidden and MLP intermediate size."""
+    c = model.config
+    getter = getattr(c, "get_text_config", None)
+    c = getter() if callable(getter) else c
+    rows = int(cfg.batch) if cfg.regime == "decode" else int(cfg.batch) * int(cfg.seq)
+    out = {"rows": rows}
+    for key, attr in (("hidden", "hidden_size"), ("inter", "intermediate_size")):
+        value = getattr(c, attr, None)
+        if isinstance(value, int):
+            out[key] = value
+    return out
+
+
+def _kv_shapes(model: Any, cfg: Any) -> dict[str, int] | None:
+    from .microbench import attention_shapes
+
+    try:
+        return attention_shapes(model, int(cfg.batch), int(cfg.seq + cfg.gen))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def kernel_plugins_for(model: Any) -> list[dict[str, Any]]:
+    """The installed kernel plug-ins that apply to ``model``, with their tunable kernels
+    (what the advice can switch on or tile-search)."""
+    from pypto_bench import discover_plugins
+
+    out: list[dict[str, Any]] = []
+    try:
+        plugins = discover_plugins()
+    except Exception as err:  # a broken plug-in must not stop a profile
+        log.warning("kernel plug-ins not listed: %s", err)
+        return out
+    for plugin in plugins:
+        try:
+            applies = bool(plugin.applies_to(model))
+        except Exception:
+            applies = False
+        if not applies:
+            continue
+        tunables = getattr(plugin, "tunables", None)
+        try:
+            found = tunables() if callable(tunables) else {}
+            shapes = {str(k): list(getattr(v, "shape_names", ())) for k, v in found.items()}
+        except Exception:
+            shapes = {}
+        out.append({"name": str(plugin.name), "tunables": shapes})
+    return out
+
+
+def _rebuild_blocks(prof: Profile) -> None:
+    from .summary import op_time
+
+    device = prof.meta.get("device_type", "cpu")
+    step_us = prof.step_us
+    gaps = prof.blocks.get("host gaps", {"us": 0.0})
+    blocks: dict[str, dict[str, float]] = {}
+    for op in prof.ops:
+        b = blocks.setdefault(op.block, {"us": 0.0, "share": 0.0})
+        b["us"] += op_time(op, device)
+    blocks["host gaps"] = {"us": gaps["us"], "share": 0.0}
+    for b in blocks.values():
+        b["share"] = b["us"] / step_us if step_us else 0.0
+    prof.blocks = blocks
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,274 @@
+"""Outputs: the versioned JSON, Markdown, a block-breakdown plot and a Chrome trace.
+
+The Chrome trace nests module scopes and operators as complete ("X") slices on their
+thread, which the Perfetto UI and chrome://tracing draw as a flame chart: the module
+hierarchy is the nesting, so the trace reads like the model's source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pypto_common import atomic_write_text, redact_obj
+
+from .errors import BadInputError, EnvironmentMissingError, ProfileFormatError
+from .records import SCHEMA_NAME, SCHEMA_VERSION, Profile
+
+#: A profile file larger than this is refused (profiles are per-step summaries).
+MAX_PROFILE_BYTES = 64 * 2**20
+
+
+def write_profile(p: Profile, path: str | Path) -> Path:
+    """The profile JSON, redacted (paths and command lines can carry credentials)."""
+    path = Path(path)
+    atomic_write_text(path, json.dumps(redact_obj(p.to_dict()), indent=1, default=str) + "\n")
+    return path
+
+
+_SHAPE: dict[str, type] = {
+    "meta": dict,
+    "peaks": dict,
+    "step": dict,
+    "blocks": dict,
+    "counters": dict,
+    "memory": dict,
+    "microbench": dict,
+    "ops": list,
+    "call_graph": list,
+    "findings": list,
+    "recommendations": list,
+    "warnings": list,
+}
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile written by this tool; refuses other JSON and newer majors."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_PROFILE_BYTES:
+            raise ProfileFormatError(
+                f"{path}: {path.stat().st_size} bytes is larger than any pypto-tune profile; "
+                "pass the profile.json written by `pypto-tune profile`"
+            )
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadInputError(
+            f"{path}: no such file; pass a profile.json written by `pypto-tune profile`"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ProfileFormatError(
+            f"{path}: not readable JSON ({' '.join(str(err).split())[:120]}); pass a pypto-tune profile.json"
+        ) from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_NAME:
+        raise ProfileFormatError(
+            f'{path}: not a pypto-tune profile (no "schema": "{SCHEMA_NAME}"); '
+            "pass the profile.json written by `pypto-tune profile`"
+        )
+    version = str(data.get("schema_version", ""))
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise ProfileFormatError(
+            f"{path}: profile schema {version!r}, this pypto-tune reads {SCHEMA_VERSION}; "
+            "upgrade pypto-tune or re-profile"
+        )
+    wrong = [key for key, kind in _SHAPE.items() if key in data and not isinstance(data[key], kind)]
+    step = data.get("step", {})
+    if isinstance(step, dict) and not isinstance(step.get("time_us", {}), dict):
+        wrong.append("step.time_us")
+    if wrong:
+        raise ProfileFormatError(
+            f"{path}: malformed profile (wrong type for {', '.join(wrong)}); re-profile"
+        )
+    try:
+        return Profile.from_dict(data)
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as err:
+        raise ProfileFormatError(
+            f"{path}: malformed profile ({' '.join(str(err).split())[:120]}); re-profile"
+        ) from None
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} us"
+
+
+def to_markdown(p: Profile, *, top: int = 15) -> str:
+    """Human report: the step, the breakdown, the top operators, findings and advice."""
+    m = p.meta
+    model = (m.get("model") or {}).get("class") or "model"
+    lines = [
+        f"# pypto-tune profile: {model}, {m.get('regime')} / {m.get('arm')} arm",
+        "",
+        f"Device {m.get('device')} ({m.get('dtype')}), profiler {m.get('profiler')} "
+        f"({m.get('level')}), batch {m.get('batch')}, seq {m.get('seq')}, gen {m.get('gen')}, "
+        f"{p.step.get('count')} steps profiled.",
+        "",
+        "## Step",
+        "",
+        f"- time per {p.step.get('unit')}: {_us(p.step_us)} "
+        f"(median {_us(p.step.get('time_us', {}).get('median'))}, stdev {_us(p.step.get('time_us', {}).get('stdev'))})",
+        f"- device busy {_us(p.step.get('device_busy_us'))}, host gaps {_us(p.step.get('host_gap_us'))}, "
+        f"utilisation {(p.step.get('utilisation') or 0):.0%}; bound by the "
+        f"{(p.step.get('critical_path') or {}).get('bound', '?')}",
+        f"- host syncs per step: {p.step.get('host_syncs', 0):.1f}",
+    ]
+    if p.peaks:
+        lines.append(
+            f"- peaks measured in this session: matmul {p.peaks.get('matmul_flops_per_s', 0) / 1e12:.3f} TFLOP/s, "
+            f"bandwidth {p.peaks.get('bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s"
+        )
+    lines += ["", "## Time by block", "", "| block | per step | share |", "|---|---:|---:|"]
+    for name, b in sorted(p.blocks.items(), key=lambda kv: -kv[1]["us"]):
+        lines.append(f"| {name} | {_us(b['us'])} | {b['share']:.1%} |")
+    lines += [
+        "",
+        f"## Top {top} operators",
+        "",
+        "| operator | module | block | calls/step | time/step |",
+        "|---|---|---|---:|---:|",
+    ]
+    from .summary import op_time
+
+    dev = str(m.get("device_type") or "cpu")
+    for op in p.ops[:top]:
+        lines.append(
+            f"| `{op.name}` | {op.module or '-'} | {op.block} | {op.calls:.1f} | {_us(op_time(op, dev))} |"
+        )
+    lines += ["", "## Findings", ""]
+    if not p.findings:
+        lines.append("None above the thresholds.")
+    for f in p.findings:
+        lines.append(f"- **{f['id']}** ({f['share']:.1%} of the step): {f['title']}")
+        lines.append(
+            f"  - threshold: {f['threshold']}; evidence: {json.dumps(f['evidence'], default=str)[:300]}"
+        )
+    lines += ["", "## Recommendations", ""]
+    if not p.recommendations:
+        lines.append("None.")
+    for i, r in enumerate(p.recommendations, 1):
+        est = r.get("estimated_speedup")
+        est_s = f"{est:.2f}x" if est else "not estimated"
+        lines.append(f"{i}. **{r['title']}** (estimated {est_s}; {r.get('basis', '')})")
+        lines.append(f"   - action: {r.get('action')}")
+        if r.get("command"):
+            lines.append(f"   - command: `{r['command']}`")
+        if r.get("tile_search"):
+            lines.append(f"   - tile shapes: `{r['tile_search']}`")
+        if r.get("verify"):
+            lines.append(f"   - verify: `{r['verify']}` then `pypto-tune compare BASE OPT`")
+    for w in p.warnings:
+        lines.append(f"\nWarning: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def chrome_trace(p: Profile) -> dict[str, Any]:
+    """Trace Event Format: steps, module scopes and operators as nested slices."""
+    if p.trace is None:
+        raise BadInputError(
+            "this profile holds no raw trace (loaded from JSON): re-profile to get a trace"
+        )
+    t = p.trace
+    events: list[dict[str, Any]] = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": 0,
+            "args": {"name": f"pypto-tune ({t.backend})"},
+        },
+    ]
+    for s in t.steps:
+        events.append(
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": "step",
+                "pid": 0,
+                "tid": s.thread,
+                "ts": s.start_us,
+                "dur": s.dur_us,
+            }
+        )
+    for s in t.modules:
+        events.append(
+            {
+                "ph": "X",
+                "name": s.name,
+                "cat": "module",
+                "pid": 0,
+                "tid": s.thread,
+                "ts": s.start_us,
+                "dur": s.dur_us,
+            }
+        )
+    for e in t.events:
+        args: dict[str, Any] = {"module": e.module}
+        if e.shapes:
+            args["shapes"] = e.shapes
+        if e.core:
+            args["core"] = e.core
+        events.append(
+            {
+                "ph": "X",
+                "name": e.name,
+                "cat": e.kind,
+                "pid": 0 if e.kind != "kernel" else 1,
+                "tid": e.thread if e.kind != "kernel" else 0,
+                "ts": e.start_us,
+                "dur": max(e.dur_us, 0.001),
+                "args": args,
+            }
+        )
+    if any(e.kind == "kernel" for e in t.events):
+        events.append({"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "device"}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(p: Profile, path: str | Path) -> Path:
+    path = Path(path)
+    atomic_write_text(path, json.dumps(chrome_trace(p), default=str))
+    return path
+
+
+def plot_blocks(p: Profile, path: str | Path) -> Path:
+    """Horizontal bars of the per-step time by block type (matplotlib, the plot extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EnvironmentMissingError(
+            "plotting needs matplotlib: pip install 'pypto-tune[plot]'"
+        ) from None
+    items = sorted(p.blocks.items(), key=lambda kv: kv[1]["us"])
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.5))
+    ax.barh([k for k, _ in items], [v["us"] / 1000 for _, v in items])
+    ax.set_xlabel("ms per step")
+    m = p.meta
+    ax.set_title(f"{(m.get('model') or {}).get('class', '')} {m.get('regime')} / {m.get('arm')}")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
+    """Everything for one profile in folder ``out``: profile.json, profile.md, trace.json
+    (when the raw trace is in memory) and breakdown.png (when matplotlib is installed)."""
+    import logging
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"profile": str(write_profile(p, out / "profile.json"))}
+    atomic_write_text(out / "profile.md", to_markdown(p))
+    written["markdown"] = str(out / "profile.md")
+    if p.trace is not None:
+        written["trace"] = str(write_chrome_trace(p, out / "trace.json"))
+    try:
+        written["plot"] = str(plot_blocks(p, out / "breakdown.png"))
+    except EnvironmentMissingError as err:
+        logging.getLogger(__name__).warning("%s", err)
+    return written

@@ -1,0 +1,113 @@
+"""Outputs: the versioned JSON round trip, hostile profile files, Markdown, the plot and
+the Chrome trace (module hierarchy as nested slices)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pypto_tune import (
+    BadInputError,
+    ProfileFormatError,
+    chrome_trace,
+    load_profile,
+    plot_blocks,
+    to_markdown,
+    write_profile,
+)
+from pypto_tune.records import SCHEMA_VERSION
+
+
+def test_profile_json_round_trip(tmp_path, eager_profile):
+    path = write_profile(eager_profile, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == "pypto-tune.profile"
+    assert data["schema_version"] == SCHEMA_VERSION
+    back = load_profile(path)
+    assert back.step_us == pytest.approx(eager_profile.step_us)
+    assert [o.name for o in back.ops] == [o.name for o in eager_profile.ops]
+    assert back.recommendations == json.loads(json.dumps(eager_profile.recommendations))
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{not json", "not readable JSON"),
+        ('{"schema": "something-else"}', "not a pypto-tune profile"),
+        ('{"schema": "pypto-tune.profile", "schema_version": "9.0"}', "schema '9.0'"),
+        (
+            '{"schema": "pypto-tune.profile", "schema_version": "1.0", "ops": [{"x": 1}]}',
+            "malformed",
+        ),
+        ("[" * 100000 + "]" * 100000, "not readable JSON"),
+        ("[1, 2]", "not a pypto-tune profile"),
+        (
+            '{"schema": "pypto-tune.profile", "schema_version": "1.0", "step": {"time_us": 5}}',
+            "step.time_us",
+        ),
+        (
+            '{"schema": "pypto-tune.profile", "schema_version": "1.0", "ops": {}}',
+            "wrong type for ops",
+        ),
+    ],
+)
+def test_hostile_profile_files_are_one_line_errors(tmp_path, content, match):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    with pytest.raises(ProfileFormatError, match=match) as err:
+        load_profile(path)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_profile_file(tmp_path):
+    with pytest.raises(BadInputError, match="no such file"):
+        load_profile(tmp_path / "absent.json")
+
+
+def test_oversize_profile_is_refused(tmp_path, monkeypatch):
+    import pypto_tune.outputs as outputs
+
+    path = tmp_path / "p.json"
+    path.write_text(" " * 2000)
+    monkeypatch.setattr(outputs, "MAX_PROFILE_BYTES", 1000)
+    with pytest.raises(ProfileFormatError, match="larger than any"):
+        load_profile(path)
+
+
+def test_markdown_names_steps_blocks_findings_and_commands(eager_profile):
+    md = to_markdown(eager_profile)
+    assert "## Time by block" in md
+    assert "host gaps" in md
+    assert "host_bound" in md
+    assert "pypto-bench run" in md
+
+
+def test_chrome_trace_nests_modules_inside_steps(eager_profile, tmp_path):
+    trace = chrome_trace(eager_profile)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    steps = [e for e in events if e["cat"] == "step" and e["name"] == "pypto_tune.step"]
+    modules = [e for e in events if e["cat"] == "module"]
+    ops = [e for e in events if e["cat"] == "op"]
+    assert steps
+    assert modules
+    assert ops
+    layer = next(m for m in modules if m["name"] == "model.layers.0.self_attn")
+    outer = next(m for m in modules if m["name"] == "model.layers.0")
+    assert outer["ts"] <= layer["ts"]
+    assert layer["ts"] + layer["dur"] <= outer["ts"] + outer["dur"]
+    inside = [o for o in ops if o["args"]["module"] == "model.layers.0.self_attn"]
+    assert inside
+    assert all(layer["ts"] - 1 <= o["ts"] <= layer["ts"] + layer["dur"] for o in inside[:1])
+    json.dumps(trace)  # serialisable as is
+
+
+def test_chrome_trace_needs_the_raw_trace(tmp_path, eager_profile):
+    back = load_profile(write_profile(eager_profile, tmp_path / "p.json"))
+    with pytest.raises(BadInputError, match="re-profile"):
+        chrome_trace(back)
+
+
+def test_plot_writes_a_png(tmp_path, eager_profile):
+    path = plot_blocks(eager_profile, tmp_path / "b.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
