@@ -22,8 +22,10 @@ def test_decode_iterations_of_both_arms_agree(tiny_llama):
         graph_tokens, _, _ = once()
         again, _, _ = once()  # the captured step replays: same tokens on every call
     assert session.details["backend"] == "compile"
-    assert torch.equal(eager_tokens, graph_tokens) and torch.equal(graph_tokens, again)
-    assert ttft > 0 and decode_s > 0
+    assert torch.equal(eager_tokens, graph_tokens)
+    assert torch.equal(graph_tokens, again)
+    assert ttft > 0
+    assert decode_s > 0
 
 
 def test_prefill_iteration_returns_logits(tiny_llama):
@@ -38,13 +40,13 @@ def test_prefill_iteration_returns_logits(tiny_llama):
 
 def test_bad_arm_and_bad_config(tiny_llama, tmp_path):
     session = open_session(_cfg(tiny_llama))
-    with pytest.raises(BadInputError, match="unknown arm"):
-        with session.iteration("turbo"):
-            pass
+    with pytest.raises(BadInputError, match="unknown arm"), session.iteration("turbo"):
+        pass
     with pytest.raises(BadInputError):
         open_session(BenchConfig(model_path=str(tiny_llama), device="cpu", gen=1))
 
 
 def test_matmul_peak_is_measured():
     got = measure_matmul_peak("cpu", torch.float32, size=128, repeats=2)
-    assert got["flops_per_s"] > 0 and "128x128 float32" in got["method"]
+    assert got["flops_per_s"] > 0
+    assert "128x128 float32" in got["method"]
