@@ -645,7 +645,7 @@ def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
     """
     import torch
 
-    from pypto_capture import make_backend
+    from pypto_capture import STEP_MARKER, make_backend
 
     cfg = ctx.config
     backend = make_backend(cfg.graph_backend, ctx.device)
@@ -664,6 +664,10 @@ def _graph_forward(ctx: _Ctx) -> Callable[[Any], Any]:
         static_ids.copy_(ids)
         if "step" not in state:
             state["step"] = backend.capture(step, warmup=1)
+        if torch.autograd._profiler_enabled():
+            # Under a profiler each replay is one named step (pypto-tune's unit).
+            with torch.profiler.record_function(STEP_MARKER):
+                return state["step"].replay()
         return state["step"].replay()
 
     forward.backend_name = backend.name  # type: ignore[attr-defined]
@@ -1064,12 +1068,19 @@ class BenchSession:
             elif regime == "prefill" and arm_name == "eager":
                 fn = _prefill_fn(ctx)
             elif regime == "prefill":
-                from pypto_capture import make_backend
+                from pypto_capture import STEP_MARKER, make_backend
 
                 backend = make_backend(ctx.config.graph_backend, ctx.device)
                 arm.details["backend"] = backend.name
                 with torch.inference_mode():
-                    fn = backend.capture(_prefill_fn(ctx), warmup=1).replay
+                    replay = backend.capture(_prefill_fn(ctx), warmup=1).replay
+
+                def fn() -> Any:
+                    # One forward = one step, as the eager arm's forward is (pypto-tune).
+                    if torch.autograd._profiler_enabled():
+                        with torch.profiler.record_function(STEP_MARKER):
+                            return replay()
+                    return replay()
             else:
                 plan = _diffusion_plan(ctx, arm)
                 fn = lambda: _diffusion_call(ctx, plan)  # noqa: E731

@@ -27,7 +27,7 @@ __all__ = ["DecodeStepRunner"]
 
 
 #: Name of the profiler range around each replayed decode step (only under a profiler).
-STEP_MARKER = "pypto_capture::decode_step"
+STEP_MARKER = "pypto_capture::step"
 
 
 class DecodeStepRunner:

@@ -338,8 +338,9 @@ def advise(
         ):
             merged[key] = rec
     p.recommendations = sorted(merged.values(), key=lambda r: -(r.get("estimated_speedup") or 0))
-    if p.meta.get("device_type") == "npu" and npu_output:
-        _npu_extras(p, npu_output)
+    folder = npu_output or p.meta.get("profiler_output")
+    if p.meta.get("device_type") == "npu" and folder:
+        _npu_extras(p, str(folder))
     return p
 
 

@@ -292,7 +292,7 @@ class profile:
         self._session.__exit__(*exc)
         assert self._collected is not None
         self._collected.trace = self._session.trace()
-        self._collected.output_dir = self.output_dir
+        self._collected.output_dir = getattr(self._session, "out_dir", self.output_dir)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         outer = self

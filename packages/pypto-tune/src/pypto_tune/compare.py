@@ -50,6 +50,12 @@ def compare_profiles(
                 f"the profiles differ in {key} ({base.meta.get(key)!r} vs {opt.meta.get(key)!r}): "
                 "profile both with the same --regime/--batch/--seq/--gen"
             )
+    units = (base.step.get("unit"), opt.step.get("unit"))
+    if units[0] != units[1]:
+        raise NotComparableError(
+            f"the profiles' steps are different units ({units[0]!r} vs {units[1]!r}): "
+            "a per-forward profile cannot be compared with a per-iteration one"
+        )
     if _model_id(base) != _model_id(opt):
         raise NotComparableError(
             f"the profiles are of different models ({_model_id(base)} vs {_model_id(opt)}): "

@@ -270,6 +270,8 @@ def profile_step(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_s": time.time() - started,
         "arm": "eager" if model is not None else "step",
+        # Where a vendor profiler wrote its own output (the NPU's *_ascend_pt folder).
+        "profiler_output": str(got.output_dir) if got.output_dir is not None else None,
     }
     full_meta.update(meta or {})
     valid = [m for m in samples if m is not None]

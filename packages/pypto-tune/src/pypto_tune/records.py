@@ -36,7 +36,7 @@ MODULE_SCOPE_PREFIX = "pypto_tune.module::"
 #: Scope name of the profiled model's own forward (its class is in the classes map).
 ROOT_SCOPE = "<model>"
 #: Ranges that mark one step (the unit every figure is per).
-STEP_MARKERS = ("pypto_tune.step", "pypto_capture::decode_step")
+STEP_MARKERS = ("pypto_tune.step", "pypto_capture::step")
 
 
 @dataclass

@@ -13,8 +13,8 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from .collect import ITERATION_MARKER, LAUNCH_PROBE, PREFILL_MARKER, STEP_MARKER
-from .records import OpEvent, OpStat, Profile, RawTrace, Span, block_of_module
+from .collect import ITERATION_MARKER, LAUNCH_PROBE, PREFILL_MARKER
+from .records import STEP_MARKERS, OpEvent, OpStat, Profile, RawTrace, Span, block_of_module
 
 #: Operators where the host waits for the device (reads a device value or synchronizes).
 #: ``aten::item`` / ``is_nonzero`` are not listed: each calls ``_local_scalar_dense``,
@@ -57,8 +57,21 @@ _DTYPE_BYTES = {
     "bool": 1,
     "signed char": 1,
     "unsigned char": 1,
+    # Ascend kernel_details spellings
+    "DT_BF16": 2,
+    "BF16": 2,
+    "DT_FLOAT16": 2,
+    "FLOAT16": 2,
+    "DT_FLOAT": 4,
+    "FLOAT": 4,
+    "INT64": 8,
+    "DT_INT64": 8,
+    "INT32": 4,
+    "DT_INT32": 4,
+    "INT8": 1,
+    "DT_INT8": 1,
 }
-_STEP_NAMES = (STEP_MARKER, "pypto_capture::decode_step")
+_STEP_NAMES = STEP_MARKERS
 
 
 def attribute(trace: RawTrace) -> None:
@@ -115,6 +128,15 @@ def step_periods(trace: RawTrace, regime: str) -> list[Span]:
                 end = nxt.start_us
         periods.append(Span(cur.name, cur.start_us, end, cur.thread))
     return periods
+
+
+def _unit(regime: str, trace: RawTrace) -> str:
+    """What one step is in this profile (compare refuses two different units)."""
+    if regime == "decode":
+        return "decode step (one token)"
+    if any(s.name in STEP_MARKERS for s in trace.steps):
+        return "one forward"
+    return "one bench iteration"
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -232,11 +254,14 @@ def summarize(
     device = trace.device_type
 
     def period_of(ev: OpEvent) -> int | None:
-        k = bisect.bisect_right(starts, ev.start_us) - 1
+        # A device kernel runs after the host launched it, possibly after the host's step
+        # ended: it belongs to the step that launched it where the backend knows when.
+        at = float(ev.extra.get("launch_us", ev.start_us)) if ev.kind == "kernel" else ev.start_us
+        k = bisect.bisect_right(starts, at) - 1
         if k < 0:
             return None
         p = periods[k]
-        if ev.start_us >= p.end_us:
+        if at >= p.end_us:
             return None
         if ev.kind != "kernel" and p.thread and ev.thread != p.thread:
             return None
@@ -256,7 +281,12 @@ def summarize(
             # operators, so their sum is the busy time (nesting counted once).
             busy_self[k] += ev.self_us if ev.self_us is not None else 0.0
         elif device != "cpu" and ev.kind == "kernel":
-            per_step_busy[k].append((max(ev.start_us, p.start_us), min(ev.end_us, p.end_us)))
+            # Kernels placed by their launch keep their own interval (it may run past the
+            # host's step); time-placed ones are clipped to the step.
+            if "launch_us" in ev.extra:
+                per_step_busy[k].append((ev.start_us, ev.end_us))
+            else:
+                per_step_busy[k].append((max(ev.start_us, p.start_us), min(ev.end_us, p.end_us)))
         if ev.name in SYNC_OPS:
             syncs += 1
         if device != "cpu" and ev.kind == "kernel" and ev.module is None:
@@ -330,7 +360,7 @@ def summarize(
     gap_us = max(step_us - busy_us, 0.0)
     step = {
         "count": len(periods) if trace.steps else 0,
-        "unit": "decode step (one token)" if regime == "decode" else "one forward / iteration",
+        "unit": _unit(regime, trace),
         "time_us": {
             "mean": step_us,
             "median": statistics.median(durations) if durations else 0.0,
