@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,19 +59,21 @@ def overhead(path: Path, *, gen: int, rounds: int) -> dict:
     from pypto_tune import ModuleScopes, profile
 
     session = open_session(_config(path, gen))
-    times: dict[str, list[float]] = {"none": [], "light": [], "detail": []}
-    post: dict[str, list[float]] = {"light": [], "detail": []}
+    times: dict[str, list[float]] = {"none": [], "profiler": [], "light": [], "detail": []}
+    post: dict[str, list[float]] = {"profiler": [], "light": [], "detail": []}
     with session.iteration("eager") as once:
         once()
         for _ in range(rounds):
-            for level in ("none", "light", "detail"):
+            for level in ("none", "profiler", "light", "detail"):
                 if level == "none":
                     t = time.perf_counter()
                     once()
                     times[level].append(time.perf_counter() - t)
                     continue
-                with ModuleScopes(session.model):
-                    p = profile(level=level, device="cpu")
+                # "profiler": torch.profiler at the light level without module scopes,
+                # to split the overhead between the profiler and the attribution.
+                with ModuleScopes(session.model) if level != "profiler" else nullcontext():
+                    p = profile(level="light" if level == "profiler" else level, device="cpu")
                     got = p.__enter__()
                     t = time.perf_counter()
                     with torch.profiler.record_function("pypto_tune.iteration"):
@@ -83,6 +86,7 @@ def overhead(path: Path, *, gen: int, rounds: int) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "iteration_s": med,
+        "profiler_overhead": med["profiler"] / med["none"] - 1,
         "light_overhead": med["light"] / med["none"] - 1,
         "detail_overhead": med["detail"] / med["none"] - 1,
         "postprocess_s": {k: statistics.median(v) for k, v in post.items()},
@@ -124,14 +128,15 @@ def _markdown(rows: list[dict], rounds: int, argv: list[str]) -> str:
         "Profiler overhead on one bench iteration (the timed span holds only the step; the "
         "profiler's start/stop and trace conversion are after it):",
         "",
-        "| model | no profiler | light | overhead | detail | overhead | convert light / detail |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | no profiler | torch.profiler alone | light (+ module scopes) | overhead | detail | overhead | convert light / detail |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         o = r["overhead"]
         it = o["iteration_s"]
         lines.append(
-            f"| {r['model']} | {it['none'] * 1e3:.1f} ms | {it['light'] * 1e3:.1f} ms | "
+            f"| {r['model']} | {it['none'] * 1e3:.1f} ms | {it['profiler'] * 1e3:.1f} ms "
+            f"({o['profiler_overhead']:+.1%}) | {it['light'] * 1e3:.1f} ms | "
             f"{o['light_overhead']:+.1%} | {it['detail'] * 1e3:.1f} ms | {o['detail_overhead']:+.1%} | "
             f"{o['postprocess_s']['light']:.2f} s / {o['postprocess_s']['detail']:.2f} s |"
         )
