@@ -90,6 +90,7 @@ def test_hooks_cost_nothing_outside_a_profile_and_are_removed():
     scopes.detach()
     assert not model._forward_hooks
     assert not model._forward_pre_hooks
+    assert all("forward" not in m.__dict__ for m in model.modules())  # wrappers removed
 
 
 def test_bad_level_and_device():
