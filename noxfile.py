@@ -329,6 +329,18 @@ def release(session: nox.Session, name: str) -> None:
 
 
 @nox.session
+def npu_api(session: nox.Session) -> None:
+    """Every declared torch_npu / torchair / PyPTO name checked against the real wheels.
+
+    For each torch_npu version of the CANN matrix (and pypto 0.2.0) the linux x86_64
+    cp311 wheel is downloaded once into .nox/npu-api-wheels (or $PYPTO_NPU_API_CACHE) and
+    read statically: no NPU, no CANN, nothing installed. Flags after ``--`` go to
+    tools/npu_api_check.py (``--recommended``, ``--strict``, ``--offline``, ``--json``).
+    """
+    session.run("python", str(ROOT / "tools" / "npu_api_check.py"), *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The README's main job on its embedded default: no network, no accelerator.
 

@@ -19,17 +19,33 @@ def fake_torch_npu_on_path(tmp_path, monkeypatch):
     monkeypatch.delenv("TILE_FWK_DEVICE_ID", raising=False)
 
 
-def test_npu_spec_sets_alloc_conf_and_device_id(fake_torch_npu_on_path, monkeypatch):
+def test_npu_spec_sets_alloc_conf(fake_torch_npu_on_path, monkeypatch):
     import os
 
     assert prepare_device_env("npu:3") == []
     assert os.environ["PYTORCH_NPU_ALLOC_CONF"] == NPU_ALLOC_CONF_DEFAULT
-    assert os.environ["TILE_FWK_DEVICE_ID"] == "3"
     monkeypatch.setenv("PYTORCH_NPU_ALLOC_CONF", "expandable_segments:False")
-    warnings = prepare_device_env("1")
+    assert prepare_device_env("1") == []
     assert os.environ["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:False"  # user's choice kept
-    assert os.environ["TILE_FWK_DEVICE_ID"] == "1"
-    assert any("TILE_FWK_DEVICE_ID was 3" in w for w in warnings)
+
+
+def test_tile_fwk_device_id_is_no_longer_set_or_warned_about(fake_torch_npu_on_path, monkeypatch):
+    """nox -s npu_api found that PyPTO 0.2.0 never reads TILE_FWK_DEVICE_ID: setting it (and
+    warning that a user's value differs) was advice about a variable nothing reads."""
+    import os
+
+    assert prepare_device_env("npu:3") == []
+    assert "TILE_FWK_DEVICE_ID" not in os.environ
+    monkeypatch.setenv("TILE_FWK_DEVICE_ID", "5")
+    assert prepare_device_env("npu:1") == []
+    assert os.environ["TILE_FWK_DEVICE_ID"] == "5"
+
+
+def test_the_variable_set_is_the_declared_env_row():
+    from pypto_bench.environment import ALLOC_CONF, NPU
+
+    assert ALLOC_CONF == "PYTORCH_NPU_ALLOC_CONF"
+    assert [r.path for r in NPU.rows if r.kind == "env"] == ["torch_npu.PYTORCH_NPU_ALLOC_CONF"]
 
 
 def test_cpu_and_cuda_specs_leave_npu_env_alone(fake_torch_npu_on_path):

@@ -1,25 +1,20 @@
 """Keep PyPTO's run files out of the home folder and the working directory.
 
 PyPTO reads these when its libraries load, so they are set before any test can
-import it. The calculator build cache (``PYPTO_GUTENOCR_CACHE``) defaults to the
-user cache so the ~23 s cmake build happens once per (pypto, torch) pair.
+import it. The calculator build cache (pypto-kernels-common's ``PYPTO_KERNELS_CACHE``)
+defaults to the user cache so the ~23 s cmake build happens once per (pypto, torch) pair.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
-_RUN = tempfile.mkdtemp(prefix="pypto-gutenocr-tests-")
-for var, sub in (
-    ("TILE_FWK_OUTPUT_DIR", "output"),
-    ("ASCEND_PROCESS_LOG_PATH", "log"),
-    ("PYPTO_HOME", "home"),
-):
-    os.environ.setdefault(var, os.path.join(_RUN, sub))
-    os.makedirs(os.environ[var], exist_ok=True)
+from pypto_kernels_common import sim
+
+sim.use_run_folders(Path(tempfile.mkdtemp(prefix="pypto-gutenocr-tests-")))
 
 
 @pytest.fixture(autouse=True)

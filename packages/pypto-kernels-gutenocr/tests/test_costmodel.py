@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pypto_kernels_common import Backend
 from pypto_kernels_gutenocr import costmodel as cm
 from pypto_kernels_gutenocr import kernels, sim_shim
 from pypto_kernels_gutenocr.kernels import Tiles
@@ -225,7 +226,7 @@ def test_simulate_leaves_no_files(pypto_cpu, private_tmp):
 def test_measure_reads_cycles_from_a_per_call_output_folder(pypto_cpu, private_tmp):
     """PyPTO re-reads TILE_FWK_OUTPUT_DIR per call; measure() relies on that (if upstream
     stops, cycles come back None here) and deletes the folder."""
-    bk = cm._CostBackend(pypto_cpu.pypto)
+    bk = Backend(pypto_cpu.pypto, "cost")
     fn, args = cm._build_call(bk, "rms_norm", SMALL_RMS, "bf16", Tiles(rows=8, vec_rows=8))
     out_dir = os.environ["TILE_FWK_OUTPUT_DIR"]
     out_before = set(os.listdir(out_dir))

@@ -5,6 +5,11 @@ setting it afterwards (as the seed harness did) silently does nothing. So the va
 are set here, from the device *spec*, before anything touches the device: the CLI calls
 ``prepare_device_env`` before importing torch, the library calls it again (harmless)
 before resolving the device.
+
+Every torch_npu name used here (the variable included) is declared in
+:data:`NPU_API_TABLE` and checked against each torch_npu wheel by ``nox -s npu_api``.
+That check found that PyPTO 0.2.0 never reads ``TILE_FWK_DEVICE_ID`` (it switches to
+the input tensors' device itself), so the bench no longer sets it.
 """
 
 from __future__ import annotations
@@ -18,21 +23,23 @@ import socket
 import sys
 from typing import Any
 
+from pypto_common.npu_api import NpuApi, parse_table
+
 log = logging.getLogger(__name__)
 
+# kind path [keywords] | where it was checked (torch_npu wheels 2.5.1 .. 2.12.0).
+NPU_API_TABLE = """
+env      torch_npu.PYTORCH_NPU_ALLOC_CONF            | torch_npu/npu/memory.py docs; read by libtorch_npu.so
+function torch_npu.npu.is_initialized                | torch_npu/npu/__init__.py
+module   torch_npu.npu.utils                         | torch_npu/npu/utils.py
+function torch_npu.npu.utils.get_cann_version        | torch_npu/npu/utils.py
+kwarg    torch_npu.npu.utils.get_cann_version module | torch_npu/npu/utils.py get_cann_version(module=)
+"""
+
+NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_bench.environment")
+ALLOC_CONF = NPU.env_name("torch_npu.PYTORCH_NPU_ALLOC_CONF")
+
 NPU_ALLOC_CONF_DEFAULT = "expandable_segments:True"
-
-
-def _spec_index(spec: str | int | None) -> int:
-    """Device index the spec names ("0", 0, "npu:3", "auto" -> 0)."""
-    if spec is None:
-        return 0
-    text = str(spec).strip().lower()
-    if text.isdigit():
-        return int(text)
-    if ":" in text and text.rsplit(":", 1)[1].isdigit():
-        return int(text.rsplit(":", 1)[1])
-    return 0
 
 
 def _spec_may_be_npu(spec: str | int | None) -> bool:
@@ -49,18 +56,12 @@ def prepare_device_env(spec: str | int | None) -> list[str]:
     warnings: list[str] = []
     if not (_spec_may_be_npu(spec) and torch_npu_installed()):
         return warnings
-    os.environ.setdefault("PYTORCH_NPU_ALLOC_CONF", NPU_ALLOC_CONF_DEFAULT)
-    index = str(_spec_index(spec))
-    previous = os.environ.get("TILE_FWK_DEVICE_ID")
-    if previous is not None and previous != index:
-        msg = f"TILE_FWK_DEVICE_ID was {previous} but the bench runs on device {index}: set it to {index}"
-        log.warning(msg)
-        warnings.append(msg)
-    os.environ["TILE_FWK_DEVICE_ID"] = index
-    if "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        npu = getattr(torch, "npu", None)
-        is_init = getattr(npu, "is_initialized", None)
+    os.environ.setdefault(ALLOC_CONF, NPU_ALLOC_CONF_DEFAULT)
+    if "torch_npu" in sys.modules:  # only then can the device have been initialised
+        try:
+            is_init = NPU.resolve("torch_npu.npu.is_initialized")
+        except (ImportError, AttributeError):
+            is_init = None
         if callable(is_init) and is_init():
             msg = "the NPU was initialised before the bench set PYTORCH_NPU_ALLOC_CONF: it may not apply"
             log.warning(msg)
@@ -89,9 +90,8 @@ def _cann_version() -> str | None:
             log.debug("pypto_env.detect_cann failed: %s", err)
     if "torch_npu" in sys.modules:
         try:
-            from torch_npu.npu.utils import get_cann_version
-
-            return str(get_cann_version(module="CANN"))
+            path = "torch_npu.npu.utils.get_cann_version"
+            return str(NPU.resolve(path)(**NPU.kwargs(path, module="CANN")))
         except Exception as err:
             log.debug("torch_npu CANN query failed: %s", err)
     return None

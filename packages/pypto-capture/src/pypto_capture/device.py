@@ -4,7 +4,9 @@ torch grew a device-agnostic ``torch.accelerator`` namespace over several releas
 (memory API in 2.9, ``Graph`` in 2.12). We use it where the installed torch has the
 piece we need and fall back to ``torch.cuda`` / ``torch.npu`` otherwise, detected by
 feature (hasattr), never by version string. torch_npu is imported only when installed;
-nothing here requires it.
+nothing here requires it. Every torch.npu name is declared in :mod:`.npu_names` and
+reached through it (checked against each torch_npu wheel by ``nox -s npu_api``); where a
+keyword exists only in some torch_npu releases, the table's version bounds decide.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from .errors import DeviceNotAvailableError, InvalidDeviceSpecError
+from .npu_names import NPU, NpuModule
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,9 @@ def npu_available() -> bool:
     """True when torch_npu is importable and sees at least one NPU."""
     if _import_torch_npu() is None:
         return False
-    npu = getattr(torch, "npu", None)
+    npu = NpuModule()
     try:
-        return bool(npu is not None and npu.is_available() and npu.device_count() > 0)
+        return bool(npu.is_available() and npu.device_count() > 0)
     except Exception:
         return False
 
@@ -113,7 +116,7 @@ def _check_index(kind: str, index: int) -> torch.device:
                 f"npu:{index} requested but torch_npu with an Ascend NPU is not available here "
                 "(install torch_npu matching torch and CANN, source CANN's set_env.sh); or use 'cpu'"
             )
-        count = torch.npu.device_count()  # type: ignore[attr-defined]
+        count = NpuModule().device_count()
     else:
         if not _cuda_available():
             raise DeviceNotAvailableError(
@@ -133,8 +136,7 @@ def _module(device: torch.device) -> Any | None:
     if device.type == "cuda":
         return torch.cuda
     if device.type == "npu":
-        _import_torch_npu()
-        return getattr(torch, "npu", None)
+        return NpuModule() if _import_torch_npu() is not None else None
     return None
 
 
@@ -281,6 +283,8 @@ def new_stream(device: torch.device) -> Any:
     if device.type == "cpu":
         raise DeviceNotAvailableError("streams exist only on an accelerator; CPU has none")
     mod = _module(device)
+    if device.type == "npu" and mod is not None:
+        return mod.Stream(**NPU.kwargs("torch_npu.npu.Stream", device=device))
     if mod is not None and hasattr(mod, "Stream"):
         return mod.Stream(device=device)
     return torch.Stream(device=device)
@@ -363,5 +367,32 @@ def graph_capture(
         return
     mod = _module(device)
     assert mod is not None
-    with mod.graph(graph, pool=pool, stream=stream):
+    kwargs: dict[str, Any] = {"pool": pool, "stream": stream}
+    if device.type == "npu":
+        kwargs = NPU.kwargs("torch_npu.npu.graph", **kwargs, **npu_graph_options())
+    with mod.graph(graph, **kwargs):
         yield
+
+
+AUTO_DISPATCH_ENV = "PYPTO_CAPTURE_NPU_AUTO_DISPATCH"
+
+
+def npu_graph_options() -> dict[str, Any]:
+    """Extra ``torch.npu.graph`` keywords the installed torch_npu accepts.
+
+    ``PYPTO_CAPTURE_NPU_AUTO_DISPATCH=1`` asks for ``auto_dispatch_capture=True`` (what
+    torch_npu's replay error suggests for ops that must be dispatched during capture).
+    torch_npu 2.5.1 has no such keyword (2.5.1.post1 added it): there the request is
+    logged and dropped rather than failing inside torch_npu with a TypeError.
+    """
+    if os.environ.get(AUTO_DISPATCH_ENV, "") != "1":
+        return {}
+    if not NPU.accepts("torch_npu.npu.graph", "auto_dispatch_capture"):
+        log.warning(
+            "%s=1 ignored: torch_npu %s has no torch.npu.graph(auto_dispatch_capture=); "
+            "install torch_npu >= 2.5.1.post1 for it",
+            AUTO_DISPATCH_ENV,
+            NPU.version("torch_npu"),
+        )
+        return {}
+    return {"auto_dispatch_capture": True}

@@ -28,6 +28,7 @@ from .folder import (
     tool_owned_reason,
 )
 from .logs import THIRD_PARTY_LOGGERS, cli_logging, configure_cli_logging
+from .npu_api import NpuApi, NpuName, parse_table, parse_version
 from .redact import (
     MASK,
     SECRET_ENV_VARS,
@@ -63,6 +64,8 @@ __all__ = [
     "USAGE",
     "ExitCode",
     "ExitCodeTable",
+    "NpuApi",
+    "NpuName",
     "RedactingFilter",
     "__version__",
     "atomic_write_text",
@@ -70,6 +73,8 @@ __all__ = [
     "configure_cli_logging",
     "export_line",
     "known_secrets",
+    "parse_table",
+    "parse_version",
     "redact",
     "redact_argv",
     "redact_obj",

@@ -3,7 +3,9 @@
 ``pypto_kernels_gutenocr.USE_PTO_RMS_NORM`` (and ``USE_PTO_MROPE``,
 ``USE_PTO_SWIGLU_MLP``) read and write the switches in :mod:`.switches`, so
 assigning the module attribute, :func:`pto_switches` and
-``$PYPTO_GUTENOCR_SWITCHES`` all act on the same state.
+``$PYPTO_GUTENOCR_SWITCHES`` all act on the same state. The CPU SIM shim, the
+dispatch rule, the registries, the precision schema and the cost-model machinery are
+pypto-kernels-common's; this package holds the GutenOCR kernels, envelopes and cases.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import sys
 import types
 
-from . import costmodel, stats, switches
+from . import costmodel, sim_shim, stats, switches
 from .costmodel import CostModelError, CostResult, TunableKernel
 from .kernels import Tiles
 from .ops import (
@@ -49,6 +51,7 @@ __all__ = [
     "report",
     "rms_norm_reference",
     "rms_norm_wrapper",
+    "sim_shim",
     "swiglu_mlp_reference",
     "swiglu_mlp_wrapper",
 ]

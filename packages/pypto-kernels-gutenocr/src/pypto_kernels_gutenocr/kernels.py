@@ -11,31 +11,34 @@ sequence length (its rotation mixes both halves of the head dim; a dynamic S
 loop over 4-D views is not worth its complexity at these sizes).
 
 Nothing here imports pypto at module import: :func:`backend` does, lazily,
-through the CPU shim or for a real NPU.
+through pypto-kernels-common's CPU shim or for a real NPU.
 """
 
 import functools
-import os
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from . import sim_shim
+from pypto_kernels_common import Backend, Tiles, npu_available
 
+from .package import PACKAGE
 
-@dataclass(frozen=True)
-class Tiles:
-    """Tile shapes for one kernel build (rows per loop step, vector and cube tiles)."""
-
-    rows: int = 8
-    vec_rows: int = 4
-    vec_cols: int = 2048
-    cube_m: tuple[int, int] = (64, 64)
-    cube_k: tuple[int, int] = (256, 256)
-    cube_n: tuple[int, int] = (256, 256)
-
+__all__ = [
+    "RMS_TILES",
+    "SWIGLU_TILES",
+    "SWIGLU_TILES_FP32",
+    "Backend",
+    "Tiles",
+    "backend",
+    "mrope_kernel",
+    "npu_available",
+    "rms_norm_kernel",
+    "rms_tiles",
+    "swiglu_mlp_kernel",
+    "swiglu_split_kernels",
+    "swiglu_tiles",
+]
 
 RMS_TILES = Tiles(rows=8, vec_rows=4)
 SWIGLU_TILES = Tiles(
@@ -57,52 +60,10 @@ def swiglu_tiles(dtype: torch.dtype) -> Tiles:
     return SWIGLU_TILES_FP32 if dtype == torch.float32 else SWIGLU_TILES
 
 
-class Backend:
-    """How PyPTO runs here: ``sim`` (CPU SIM + verify shim) or ``npu`` (real hardware)."""
-
-    def __init__(self, pypto: ModuleType, mode: str) -> None:
-        self.pypto = pypto
-        self.mode = mode
-
-    def jit_options(self) -> dict[str, Any]:
-        if self.mode == "sim":
-            return sim_shim.sim_options(self.pypto)
-        return {"runtime_options": {"run_mode": self.pypto.RunMode.NPU}}
-
-    def dtype(self, torch_dtype: torch.dtype) -> Any:
-        p = self.pypto
-        return {torch.bfloat16: p.DT_BF16, torch.float16: p.DT_FP16, torch.float32: p.DT_FP32}[
-            torch_dtype
-        ]
-
-
-def npu_available() -> bool:
-    """True when torch_npu is importable and reports a device (CANN installed)."""
-    if not os.environ.get("ASCEND_HOME_PATH") and not os.environ.get("ASCEND_TOOLKIT_HOME"):
-        return False
-    try:
-        import torch_npu  # noqa: F401
-    except ImportError:
-        return False
-    npu = getattr(torch, "npu", None)
-    return bool(npu and npu.is_available())
-
-
 def backend(device_type: str) -> Backend:
-    """The PyPTO backend for tensors on ``device_type``; raises SimUnavailableError."""
-    if device_type == "cpu" and os.environ.get("PYPTO_GUTENOCR_CPU_SIM", "1") == "0":
-        raise sim_shim.SimUnavailableError("CPU SIM path disabled by PYPTO_GUTENOCR_CPU_SIM=0")
-    return _backend(device_type)
-
-
-@functools.lru_cache(maxsize=2)
-def _backend(device_type: str) -> Backend:
-    if device_type == "npu":
-        pypto = sim_shim.import_pypto()
-        return Backend(pypto, "npu")
-    if device_type != "cpu":
-        raise sim_shim.SimUnavailableError(f"PyPTO has no backend for {device_type} tensors")
-    return Backend(sim_shim.install(), "sim")
+    """The PyPTO backend for tensors on ``device_type`` (pypto-kernels-common's, with
+    this package's install hint and ``$PYPTO_GUTENOCR_CPU_SIM``); raises SimUnavailableError."""
+    return PACKAGE.backend(device_type)
 
 
 # --------------------------------------------------------------------------- RMSNorm

@@ -5,56 +5,33 @@ outside it, or on a machine where PyPTO cannot run, goes to the torch reference
 and is counted and logged once with the reason (see :mod:`.stats`). A call inside
 the envelope runs the PyPTO kernel; a kernel that then fails raises
 :class:`KernelError` rather than being papered over, because a silent fallback
-would make the accuracy/speed comparison meaningless.
+would make the accuracy/speed comparison meaningless. That rule is
+pypto-kernels-common's ``KernelPackage.dispatch``; this module holds the GutenOCR
+envelopes, the kernel calls and the torch.compile custom ops.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol, cast
 
 import torch
 
-from . import reference, stats, switches
-from .sim_shim import SimUnavailableError
+from pypto_kernels_common import Backend, Envelope, KernelError, PackCache, compiling
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from . import reference, switches
+from .package import PACKAGE
 
-
-class KernelError(RuntimeError):
-    """A PyPTO kernel inside its envelope failed to build or run."""
-
-
-@dataclass(frozen=True)
-class Envelope:
-    """Where a kernel is valid. ``rules`` return a reason string when violated."""
-
-    op: str
-    dtypes: tuple[torch.dtype, ...] = _DTYPES
-    devices: tuple[str, ...] = ("cpu", "npu")
-    rules: tuple[Callable[..., str | None], ...] = field(default=())
-
-    def violation(self, tensors: Sequence[torch.Tensor], **shape_args: object) -> str | None:
-        dtype = tensors[0].dtype
-        device = tensors[0].device
-        for t in tensors:
-            if t.dtype != dtype:
-                return f"mixed dtypes {t.dtype} and {dtype}"
-            if t.device != device:
-                return f"tensors on {t.device} and {device}"
-        if dtype not in self.dtypes:
-            return f"dtype {dtype} outside envelope {[str(d) for d in self.dtypes]}"
-        if device.type not in self.devices:
-            return f"device {device.type} outside envelope {list(self.devices)}"
-        if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
-            return "autograd is on (kernels are inference-only)"
-        for rule in self.rules:
-            reason = rule(*tensors, **shape_args)
-            if reason:
-                return reason
-        return None
+__all__ = [
+    "ENVELOPES",
+    "PACKED",
+    "Envelope",
+    "KernelError",
+    "PackCache",
+    "mrope_pto_correct",
+    "rms_norm_wrapper",
+    "swiglu_mlp_wrapper",
+]
 
 
 def _hidden_rule(x: torch.Tensor, weight: torch.Tensor, **_: object) -> str | None:
@@ -105,81 +82,9 @@ SWIGLU_ENVELOPE = Envelope("swiglu_mlp", rules=(_swiglu_rule,))
 ENVELOPES = {e.op: e for e in (RMS_NORM_ENVELOPE, MROPE_ENVELOPE, SWIGLU_ENVELOPE)}
 
 
-def _device_type(t: torch.Tensor) -> str:
-    return t.device.type
-
-
-def _backend_or_reason(t: torch.Tensor):
-    from . import kernels
-
-    try:
-        return kernels.backend(_device_type(t)), None
-    except SimUnavailableError as err:
-        return None, str(err)
-
-
-def _pypto_errors() -> tuple[type[BaseException], ...]:
-    """PyPTO's parser errors derive from Exception only; name them so they are wrapped."""
-    try:
-        from pypto.frontend.parser.error import ParserError
-    except ImportError:
-        return ()
-    return (ParserError,)
-
-
-def _run(op: str, fn: Callable[[], None], sim: bool = False) -> None:
-    from . import sim_shim
-
-    before = sim_shim.run_output_names() if sim else set()
-    failures: tuple[type[BaseException], ...] = (RuntimeError, ValueError, *_pypto_errors())
-    try:
-        fn()
-    except failures as err:  # parse/compile/run errors
-        raise KernelError(f"PyPTO {op} kernel failed: {err}") from err
-    finally:
-        if sim:
-            sim_shim.discard_run_outputs(before)
-    stats.record_pypto(op)
-
-
 # --------------------------------------------------------------------------- packing
 
-
-class PackCache:
-    """Weights packed once per weight tensor, keyed by identity and version.
-
-    ``nn.Linear`` stores [out, in]; the kernels want [in, out] contiguous. The
-    entry is dropped when the tensor is freed and rebuilt when it is modified in
-    place (its ``_version`` moves) or re-pointed (``data_ptr`` changes).
-    """
-
-    def __init__(self) -> None:
-        # id -> (weakref, version, data_ptr, packed). Keyed by id because tensors
-        # compare elementwise, which a WeakKeyDictionary would trip over.
-        self._cache: dict[int, tuple[weakref.ref, int, int, torch.Tensor]] = {}
-        self.packs = 0
-
-    def transposed(self, weight: torch.Tensor) -> torch.Tensor:
-        key = id(weight)
-        hit = self._cache.get(key)
-        if (
-            hit is not None
-            and hit[0]() is weight
-            and hit[1:3] == (weight._version, weight.data_ptr())
-        ):
-            return hit[3]
-        packed = weight.detach().t().contiguous()
-        if hit is None or hit[0]() is not weight:
-            weakref.finalize(weight, self._cache.pop, key, None)
-        self._cache[key] = (weakref.ref(weight), weight._version, weight.data_ptr(), packed)
-        self.packs += 1
-        return packed
-
-    def clear(self) -> None:
-        self._cache.clear()
-        self.packs = 0
-
-
+# nn.Linear weights transposed once per weight tensor (not per call).
 PACKED = PackCache()
 
 
@@ -187,25 +92,23 @@ PACKED = PackCache()
 
 
 def _rms_norm_eager(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if not switches.is_on("rms_norm"):
-        stats.record_fallback("rms_norm", "switch USE_PTO_RMS_NORM is off")
-        return reference.rms_norm_reference(hidden_states, weight, eps)
-    reason = RMS_NORM_ENVELOPE.violation([hidden_states, weight])
-    bk = None
-    if reason is None:
-        bk, reason = _backend_or_reason(hidden_states)
-    if reason is not None:
-        stats.record_fallback("rms_norm", reason)
-        return reference.rms_norm_reference(hidden_states, weight, eps)
-    from . import kernels
+    def kernel(bk: Backend) -> torch.Tensor:
+        from . import kernels
 
-    assert bk is not None  # set whenever there is no fallback reason
-    h = hidden_states.shape[-1]
-    x2 = hidden_states.reshape(-1, h).contiguous()
-    out = torch.empty_like(x2)
-    kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps), kernels.rms_tiles(x2.dtype))
-    _run("rms_norm", lambda: kern(x2, weight.detach().contiguous(), out), bk.mode == "sim")
-    return out.reshape(hidden_states.shape)
+        h = hidden_states.shape[-1]
+        x2 = hidden_states.reshape(-1, h).contiguous()
+        out = torch.empty_like(x2)
+        kern = kernels.rms_norm_kernel(bk, h, x2.dtype, float(eps), kernels.rms_tiles(x2.dtype))
+        kern(x2, weight.detach().contiguous(), out)
+        return out.reshape(hidden_states.shape)
+
+    return PACKAGE.dispatch(
+        "rms_norm",
+        hidden_states.device.type,
+        kernel,
+        lambda: reference.rms_norm_reference(hidden_states, weight, eps),
+        check=lambda: RMS_NORM_ENVELOPE.violation([hidden_states, weight]),
+    )
 
 
 def _mrope_eager(
@@ -220,33 +123,29 @@ def _mrope_eager(
     if len(sections) != 3 or 2 * sum(sections) != q.shape[-1]:
         # Neither the kernel nor the reference can compute this: a caller bug.
         raise ValueError(f"mrope_section {list(sections)} does not cover head_dim {q.shape[-1]}")
-    if not switches.is_on("mrope"):
-        stats.record_fallback("mrope", "switch USE_PTO_MROPE is off")
-        return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
-    reason = None
-    if unsqueeze_dim != 1:
-        reason = f"unsqueeze_dim {unsqueeze_dim} (kernel expects [B, H, S, D], unsqueeze_dim=1)"
-    if reason is None:
-        reason = MROPE_ENVELOPE.violation([q, k, cos, sin], sections=sections)
-    bk = None
-    if reason is None:
-        bk, reason = _backend_or_reason(q)
-    if reason is not None:
-        stats.record_fallback("mrope", reason)
-        return reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim)
-    from . import kernels
 
-    assert bk is not None  # set whenever there is no fallback reason
-    b, hq, s, d = q.shape
-    qc, kc = q.contiguous(), k.contiguous()
-    q_out, k_out = torch.empty_like(qc), torch.empty_like(kc)
-    kern = kernels.mrope_kernel(bk, b, hq, k.shape[1], s, d, sections, q.dtype)
-    _run(
+    def check() -> str | None:
+        if unsqueeze_dim != 1:
+            return f"unsqueeze_dim {unsqueeze_dim} (kernel expects [B, H, S, D], unsqueeze_dim=1)"
+        return MROPE_ENVELOPE.violation([q, k, cos, sin], sections=sections)
+
+    def kernel(bk: Backend) -> tuple[torch.Tensor, torch.Tensor]:
+        from . import kernels
+
+        b, hq, s, d = q.shape
+        qc, kc = q.contiguous(), k.contiguous()
+        q_out, k_out = torch.empty_like(qc), torch.empty_like(kc)
+        kern = kernels.mrope_kernel(bk, b, hq, k.shape[1], s, d, sections, q.dtype)
+        kern(qc, kc, cos.contiguous(), sin.contiguous(), q_out, k_out)
+        return q_out, k_out
+
+    return PACKAGE.dispatch(
         "mrope",
-        lambda: kern(qc, kc, cos.contiguous(), sin.contiguous(), q_out, k_out),
-        bk.mode == "sim",
+        q.device.type,
+        kernel,
+        lambda: reference.mrope_reference(q, k, cos, sin, sections, unsqueeze_dim),
+        check=check,
     )
-    return q_out, k_out
 
 
 def _is_silu(mlp_module: torch.nn.Module) -> bool:
@@ -297,26 +196,31 @@ def _swiglu_eager(
     w_gate = PACKED.transposed(gate_w)
     w_up = PACKED.transposed(up_w)
     w_down = PACKED.transposed(down_w)
-    reason = SWIGLU_ENVELOPE.violation([x2, w_gate, w_up, w_down])
-    bk = None
-    if reason is None:
-        bk, reason = _backend_or_reason(hidden_states)
-    if reason is not None:
-        stats.record_fallback("swiglu_mlp", reason)
+
+    def fallback() -> torch.Tensor:
         f = torch.nn.functional
         return f.linear(
             f.silu(f.linear(hidden_states, gate_w)) * f.linear(hidden_states, up_w), down_w
         )
-    from . import kernels
 
-    assert bk is not None  # set whenever there is no fallback reason
-    xc = x2.contiguous()
-    out = torch.empty_like(xc)
-    kern = kernels.swiglu_mlp_kernel(
-        bk, h, w_gate.shape[1], xc.dtype, kernels.swiglu_tiles(xc.dtype)
+    def kernel(bk: Backend) -> torch.Tensor:
+        from . import kernels
+
+        xc = x2.contiguous()
+        out = torch.empty_like(xc)
+        kern = kernels.swiglu_mlp_kernel(
+            bk, h, w_gate.shape[1], xc.dtype, kernels.swiglu_tiles(xc.dtype)
+        )
+        kern(xc, w_gate, w_up, w_down, out)
+        return out.reshape(hidden_states.shape)
+
+    return PACKAGE.dispatch(
+        "swiglu_mlp",
+        hidden_states.device.type,
+        kernel,
+        fallback,
+        check=lambda: SWIGLU_ENVELOPE.violation([x2, w_gate, w_up, w_down]),
     )
-    _run("swiglu_mlp", lambda: kern(xc, w_gate, w_up, w_down, out), bk.mode == "sim")
-    return out.reshape(hidden_states.shape)
 
 
 # --------------------------------------------------------------------------- capture
@@ -327,9 +231,7 @@ def _swiglu_eager(
 # switched-OFF op traces as the plain reference, so the graph arm stays one pure graph.
 
 
-def _compiling() -> bool:
-    is_compiling = getattr(torch.compiler, "is_compiling", None)
-    return bool(is_compiling is not None and is_compiling())
+_compiling = compiling
 
 
 @torch.library.custom_op("pypto_gutenocr::rms_norm", mutates_args=())
@@ -406,12 +308,12 @@ def swiglu_mlp_wrapper(mlp_module: torch.nn.Module, hidden_states: torch.Tensor)
     """``down(silu(gate(x)) * up(x))`` for an HF MLP module, fused in one PyPTO kernel."""
     if not switches.is_on("swiglu_mlp"):
         if not _compiling():
-            stats.record_fallback("swiglu_mlp", "switch USE_PTO_SWIGLU_MLP is off")
+            PACKAGE.stats.record_fallback("swiglu_mlp", "switch USE_PTO_SWIGLU_MLP is off")
         return _mlp_reference(mlp_module, hidden_states)
     reason = _structural_reason(mlp_module)
     if reason is not None:
         if not _compiling():
-            stats.record_fallback("swiglu_mlp", reason)
+            PACKAGE.stats.record_fallback("swiglu_mlp", reason)
         return _mlp_reference(mlp_module, hidden_states)
     m = cast(_GatedMLP, mlp_module)  # _structural_reason found three nn.Linear layers
     weights = (m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)

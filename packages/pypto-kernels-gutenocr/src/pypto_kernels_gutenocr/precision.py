@@ -1,97 +1,44 @@
-"""Precision cases: one JSON schema for every op, goldens in fp32 on the CPU.
+"""Precision cases: this package's cases in pypto-kernels-common's one JSON schema.
 
 A case names its op, a seed, its inputs (shape + dtype + how to fill, or a
 plain value), its outputs and tolerances. ``cpu_path`` says whether the PyPTO
 CPU (SIM + verify) run uses the full model shapes or reduced ones, and why, so
-the test report states which was exercised.
+the test report states which was exercised. Loading, inputs, goldens and the
+comparison are pypto-kernels-common's; this module says how to run each op.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from importlib import resources
-from typing import Any
 
 import torch
+
+from pypto_kernels_common.precision import (
+    CASES_RESOURCE,
+    SCHEMA_RESOURCE,
+    Case,
+    PrecisionSuite,
+    compare,
+    load_schema,
+    make_inputs,
+)
 
 from . import reference
 from .ops import PACKED
 
-CASES_RESOURCE = "precision_cases.json"
-SCHEMA_RESOURCE = "precision_schema.json"
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def load_document() -> dict[str, Any]:
-    return json.loads(resources.files(__package__).joinpath(CASES_RESOURCE).read_text())
-
-
-def load_schema() -> dict[str, Any]:
-    return json.loads(resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text())
-
-
-@dataclass(frozen=True)
-class Case:
-    id: str
-    op: str
-    description: str
-    seed: int
-    inputs: dict[str, Any]
-    outputs: list[str]
-    rtol: float
-    atol: float
-    cpu_path: dict[str, Any]
-
-    @property
-    def reduced(self) -> bool:
-        return self.cpu_path.get("shapes") == "reduced"
-
-    def input_specs(self, *, reduced: bool) -> dict[str, Any]:
-        if not reduced or not self.reduced:
-            return self.inputs
-        return {**self.inputs, **self.cpu_path.get("inputs", {})}
-
-
-def load_cases() -> list[Case]:
-    doc = load_document()
-    return [
-        Case(
-            c["id"],
-            c["op"],
-            c["description"],
-            int(c["seed"]),
-            c["inputs"],
-            list(c["outputs"]),
-            float(c["rtol"]),
-            float(c["atol"]),
-            c.get("cpu_path", {"shapes": "full"}),
-        )
-        for c in doc["cases"]
-    ]
-
-
-def make_inputs(case: Case, *, reduced: bool = False) -> dict[str, Any]:
-    """Deterministic inputs for a case (fresh generator seeded by the case)."""
-    gen = torch.Generator().manual_seed(case.seed)
-    out: dict[str, Any] = {}
-    for name, spec in case.input_specs(reduced=reduced).items():
-        if "value" in spec:
-            out[name] = spec["value"]
-            continue
-        shape = tuple(spec["shape"])
-        init = spec.get("init", "normal")
-        if init == "normal":
-            t = torch.randn(shape, generator=gen) * spec.get("std", 1.0) + spec.get("mean", 0.0)
-        elif init == "uniform":
-            lo, hi = spec.get("low", -1.0), spec.get("high", 1.0)
-            t = torch.rand(shape, generator=gen) * (hi - lo) + lo
-        else:
-            raise ValueError(f"{case.id}: unknown init {init!r}")
-        out[name] = t.to(_DTYPES[spec["dtype"]])
-    return out
+__all__ = [
+    "CASES_RESOURCE",
+    "SCHEMA_RESOURCE",
+    "SUITE",
+    "Case",
+    "compare",
+    "golden",
+    "load_cases",
+    "load_document",
+    "load_schema",
+    "make_inputs",
+    "run_kernel",
+]
 
 
 def _rms(kernel: bool) -> Callable[..., dict[str, torch.Tensor]]:
@@ -147,33 +94,11 @@ def _swiglu(kernel: bool) -> Callable[..., dict[str, torch.Tensor]]:
     return run
 
 
-_RUNNERS = {"rms_norm": _rms, "mrope": _mrope, "swiglu_mlp": _swiglu}
-
-
-def golden(case: Case, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """fp32 golden on the CPU: the reference on fp32 copies of the inputs."""
-    f32 = {k: v.float() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    with torch.no_grad():
-        return _RUNNERS[case.op](False)(**f32)
-
-
-def run_kernel(case: Case, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The op under test through its wrapper (PyPTO when on and in envelope)."""
-    with torch.no_grad():
-        return _RUNNERS[case.op](True)(**inputs)
-
-
-def compare(
-    case: Case, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]
-) -> dict[str, float]:
-    """Max abs error per output; raises AssertionError outside rtol/atol."""
-    errs = {}
-    for name in case.outputs:
-        g, w = got[name].float(), want[name].float()
-        errs[name] = (g - w).abs().max().item()
-
-        def message(m: str, n: str = name) -> str:
-            return f"{case.id}/{n}: {m}"
-
-        torch.testing.assert_close(g, w, rtol=case.rtol, atol=case.atol, msg=message)
-    return errs
+SUITE = PrecisionSuite(
+    __package__ or "pypto_kernels_gutenocr",
+    {"rms_norm": _rms, "mrope": _mrope, "swiglu_mlp": _swiglu},
+)
+load_document = SUITE.load_document
+load_cases = SUITE.load_cases
+golden = SUITE.golden
+run_kernel = SUITE.run_kernel

@@ -13,7 +13,6 @@ files are size-capped, symlinks may not leave the folder, and nothing in it is e
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import json
 import logging
@@ -26,32 +25,16 @@ import stat
 import subprocess
 import tempfile
 from bisect import bisect_right
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pypto_common import atomic_write_text, known_secrets, redact, redact_argv
+from pypto_common.npu_api import NpuApi, NpuName, parse_table
 
 from .errors import BadInputError, EnvironmentMissingError, ProfileFormatError
 from .records import MODULE_SCOPE_PREFIX, STEP_MARKERS, OpEvent, RawTrace, Span
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NpuName:
-    """One torch_npu name this module relies on (a row of :data:`NPU_API`).
-
-    ``kind`` is module | class | function | method | member | kwarg; a kwarg row names
-    the keyword ``kwarg`` of the callable at ``path``. ``optional`` rows are missing from
-    older wheels and the code works without them. ``source`` says where it was checked.
-    """
-
-    path: str
-    kind: str
-    source: str
-    kwarg: str | None = None
-    optional: bool = False
 
 
 # kind path [keywords; "?" = optional] | where it was checked. P: Ascend/pytorch
@@ -86,23 +69,12 @@ _PREFIX = {"P": "Ascend/pytorch torch_npu/profiler/", "H": "hiascend torch_npu A
 
 
 def _rows(table: str) -> tuple[NpuName, ...]:
-    rows: list[NpuName] = []
-    for line in re.sub(r"\n\s+", " ", table).strip().splitlines():  # indented = continued
-        head, source = (part.strip() for part in line.split("|", 1))
-        abbr, _, rest = source.partition(" ")
-        source = _PREFIX[abbr] + rest if abbr in _PREFIX else source
-        kind, path, *words = head.split()
-        if kind == "kwarg":
-            rows += [NpuName(path, kind, source, w.rstrip("?"), w.endswith("?")) for w in words]
-        else:
-            rows.append(NpuName(path, kind.rstrip("?"), source, None, kind.endswith("?")))
-    return tuple(rows)
+    return parse_table(table, _PREFIX)
 
 
 #: Every torch_npu name used here; code reaches torch_npu only through :func:`_api`.
 NPU_API: tuple[NpuName, ...] = _rows(_TABLE)
-_DECLARED = {r.path for r in NPU_API if r.kind != "kwarg"}
-_OPTIONAL = {r.path for r in NPU_API if r.optional and r.kind != "kwarg"}
+_NPU = NpuApi(NPU_API, owner="pypto_tune.npu")
 
 
 def _api(path: str) -> Any:
@@ -110,21 +82,9 @@ def _api(path: str) -> Any:
 
     Returns None for a missing ``optional`` row; raises for anything else missing.
     """
-    if path not in _DECLARED:
+    if not _NPU.declared(path):
         raise KeyError(f"{path} is not declared in pypto_tune.npu.NPU_API")
-    parts = path.split(".")
-    obj: Any = importlib.import_module(parts[0])
-    for i, part in enumerate(parts[1:], start=1):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            try:
-                obj = importlib.import_module(".".join(parts[: i + 1]))
-            except ImportError:
-                if path in _OPTIONAL:
-                    return None
-                raise AttributeError(f"this torch_npu has no {path}") from None
-    return obj
+    return _NPU.resolve(path)
 
 
 def _kwargs(path: str, **given: Any) -> dict[str, Any]:
@@ -133,7 +93,7 @@ def _kwargs(path: str, **given: Any) -> dict[str, Any]:
     unknown = set(given) - declared
     if unknown:
         raise KeyError(f"keywords {sorted(unknown)} of {path} are not declared in NPU_API")
-    return given
+    return _NPU.kwargs(path, **given)
 
 
 # ----------------------------------------------------------------------------- session

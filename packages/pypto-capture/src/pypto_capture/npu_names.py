@@ -1,0 +1,74 @@
+"""Every torch_npu name the device layer uses, declared once and checked against the wheels.
+
+No CI machine has an Ascend NPU, so these calls never run there. ``tools/npu_api_check.py``
+(``nox -s npu_api``) reads :data:`NPU_API_TABLE` and checks each row statically against the
+torch_npu wheel of every CANN matrix row; the device layer reaches torch.npu only through
+:data:`NPU` (``torch.npu`` *is* ``torch_npu.npu`` once torch_npu is imported), so a name
+that is not in the table cannot be called by accident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pypto_common.npu_api import NpuApi, parse_table
+
+# kind path [keywords; "?" = optional] [@version bounds] | where it was checked.
+# G: torch_npu/npu/graphs.py, S: streams.py, U: utils.py, M: memory.py, I: npu/__init__.py
+# (all in the torch_npu wheels 2.5.1 .. 2.12.0; checked by nox -s npu_api).
+NPU_API_TABLE = """
+module   torch_npu                                      | torch_npu/__init__.py
+module   torch_npu.npu                                  | I
+function torch_npu.npu.is_available                     | I
+function torch_npu.npu.is_initialized                   | I
+function torch_npu.npu.device_count                     | I
+function torch_npu.npu.current_device                   | U
+function torch_npu.npu.synchronize                      | U
+function torch_npu.npu.empty_cache                      | M
+function torch_npu.npu.reset_peak_memory_stats          | M
+function torch_npu.npu.max_memory_allocated             | M
+function torch_npu.npu.max_memory_reserved              | M
+function torch_npu.npu.memory_reserved                  | M
+function torch_npu.npu.memory_allocated                 | M
+function torch_npu.npu.get_device_name                  | I (2.12) / U (2.5)
+class    torch_npu.npu.Stream                           | S class Stream.__new__
+kwarg    torch_npu.npu.Stream device                    | S Stream.__new__(device=None, priority=0)
+method   torch_npu.npu.Stream.wait_stream               | S
+function torch_npu.npu.stream                           | U
+function torch_npu.npu.current_stream                   | U
+class    torch_npu.npu.NPUGraph                         | G
+method   torch_npu.npu.NPUGraph.replay                  | G
+function torch_npu.npu.graph_pool_handle                | G
+class    torch_npu.npu.graph                            | G (a context manager class)
+kwarg    torch_npu.npu.graph pool stream                | G graph.__init__
+kwarg    torch_npu.npu.graph auto_dispatch_capture @>=2.5.1.post1
+                                                        | G graph.__init__; absent in 2.5.1
+"""
+
+#: The table, at the installed torch_npu version (read from its metadata, no import).
+NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_capture")
+
+_PREFIX = "torch_npu.npu."
+
+
+class NpuModule:
+    """``torch.npu`` as the device layer sees it: only declared names resolve.
+
+    ``hasattr`` and ``getattr(..., default)`` keep working (a missing or undeclared
+    name is an AttributeError), so feature detection reads the same as for torch.cuda.
+    """
+
+    def __init__(self, api: NpuApi = NPU) -> None:
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        path = _PREFIX + name
+        if name.startswith("__") or not self._api.declared(path):
+            raise AttributeError(f"{path} is not declared in pypto_capture.npu_names")
+        try:
+            obj = self._api.resolve(path)
+        except ImportError as exc:  # torch_npu missing, or CANN libraries missing
+            raise AttributeError(f"{path}: torch_npu is not importable ({exc})") from None
+        if obj is None:
+            raise AttributeError(f"this torch_npu has no {path}")
+        return obj
