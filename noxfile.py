@@ -81,11 +81,25 @@ def _needs_torch(names: list[str], packages: dict[str, Path]) -> bool:
 def _install_local(
     session: nox.Session, names: list[str], packages: dict[str, Path], extras: dict[str, str]
 ) -> None:
+    # One editable install per local package carrying every extra asked of it: the one
+    # given here and those other local packages require (``pypto-kernels-common[pypto]``);
+    # pip cannot satisfy ``pkg[a]`` from an editable ``-e pkg[b]``.
+    wanted: dict[str, set[str]] = {n: {extras[n]} if n in extras else set() for n in names}
+    for n in names:
+        proj = _pyproject(packages[n])["project"]
+        reqs = list(proj.get("dependencies", []))
+        if n in extras:
+            reqs += proj.get("optional-dependencies", {}).get(extras[n], [])
+        for req in reqs:
+            dep = _req_name(req)
+            found = re.search(r"\[([^\]]+)\]", req)
+            if dep in wanted and found:
+                wanted[dep] |= {e.strip() for e in found.group(1).split(",")}
     args = []
     for n in names:
         spec = str(packages[n])
-        if n in extras:
-            spec += f"[{extras[n]}]"
+        if wanted[n]:
+            spec += f"[{','.join(sorted(wanted[n]))}]"
         args += ["-e", spec]
     session.install(*args)
 
@@ -333,7 +347,7 @@ def npu_api(session: nox.Session) -> None:
     """Every declared torch_npu / torchair / PyPTO name checked against the real wheels.
 
     For each torch_npu version of the CANN matrix (and pypto 0.2.0) the linux x86_64
-    cp311 wheel is downloaded once into .nox/npu-api-wheels (or $PYPTO_NPU_API_CACHE) and
+    cp311 wheel is downloaded once into ~/.cache/pypto-npu-api-wheels (or $PYPTO_NPU_API_CACHE) and
     read statically: no NPU, no CANN, nothing installed. Flags after ``--`` go to
     tools/npu_api_check.py (``--recommended``, ``--strict``, ``--offline``, ``--json``).
     """

@@ -19,7 +19,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "tools" / "npu_api_check.py"
-CACHE = Path(os.environ.get("PYPTO_NPU_API_CACHE") or ROOT / ".nox" / "npu-api-wheels")
+CACHE = Path(
+    os.environ.get("PYPTO_NPU_API_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pypto-npu-api-wheels"
+)
 MATRIX = ROOT / "packages" / "pypto-env" / "src" / "pypto_env" / "cann-matrix.toml"
 
 FAKE = {

@@ -48,7 +48,10 @@ TABLES: list[tuple[str, str]] = [
 ]
 
 CANN_MATRIX = ROOT / "packages" / "pypto-env" / "src" / "pypto_env" / "cann-matrix.toml"
-DEFAULT_CACHE = ROOT / ".nox" / "npu-api-wheels"
+# Outside the checkout, so fresh clones on one machine (CI) reuse the ~540 MB of wheels.
+DEFAULT_CACHE = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pypto-npu-api-wheels"
+)
 PYPTO_VERSION = "0.2.0"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
@@ -611,7 +614,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cache-dir", type=Path,
                    default=Path(os.environ.get("PYPTO_NPU_API_CACHE") or DEFAULT_CACHE),
-                   help="where wheels are kept between runs (default .nox/npu-api-wheels)")  # fmt: skip
+                   help="where wheels are kept between runs (default ~/.cache/pypto-npu-api-wheels)")  # fmt: skip
     p.add_argument("--matrix", type=Path, default=CANN_MATRIX, help="the CANN matrix TOML")
     p.add_argument("--torch-npu", action="append", default=[], metavar="VERSION",
                    help="check only these torch_npu versions (repeatable)")  # fmt: skip
