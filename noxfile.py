@@ -81,27 +81,40 @@ def _needs_torch(names: list[str], packages: dict[str, Path]) -> bool:
 def _install_local(
     session: nox.Session, names: list[str], packages: dict[str, Path], extras: dict[str, str]
 ) -> None:
-    # One editable install per local package carrying every extra asked of it: the one
-    # given here and those other local packages require (``pypto-kernels-common[pypto]``);
-    # pip cannot satisfy ``pkg[a]`` from an editable ``-e pkg[b]``.
-    wanted: dict[str, set[str]] = {n: {extras[n]} if n in extras else set() for n in names}
+    """Every local package editable and plain, plus the outside requirements of the extras.
+
+    Extras are not passed as ``-e pkg[extra]``: pip then cannot satisfy another local
+    package's plain ``pkg>=...`` requirement from that editable ("from versions: none").
+    Instead each requested extra (and each extra local packages ask of each other, e.g.
+    ``pypto-testing[models]``) contributes its non-local requirements by name.
+    """
+    todo: list[tuple[str, str]] = list(extras.items())
     for n in names:
-        proj = _pyproject(packages[n])["project"]
-        reqs = list(proj.get("dependencies", []))
-        if n in extras:
-            reqs += proj.get("optional-dependencies", {}).get(extras[n], [])
-        for req in reqs:
-            dep = _req_name(req)
+        for req in _pyproject(packages[n])["project"].get("dependencies", []):
             found = re.search(r"\[([^\]]+)\]", req)
-            if dep in wanted and found:
-                wanted[dep] |= {e.strip() for e in found.group(1).split(",")}
-    args = []
+            if _req_name(req) in packages and found:
+                todo += [(_req_name(req), e.strip()) for e in found.group(1).split(",")]
+    seen: set[tuple[str, str]] = set()
+    outside: list[str] = []
+    while todo:
+        pkg, extra = todo.pop()
+        if (pkg, extra) in seen or pkg not in packages:
+            continue
+        seen.add((pkg, extra))
+        for req in (
+            _pyproject(packages[pkg])["project"].get("optional-dependencies", {}).get(extra, [])
+        ):
+            dep = _req_name(req)
+            if dep in packages:
+                found = re.search(r"\[([^\]]+)\]", req)
+                if found:
+                    todo += [(dep, e.strip()) for e in found.group(1).split(",")]
+            elif req not in outside:
+                outside.append(req)
+    args: list[str] = []
     for n in names:
-        spec = str(packages[n])
-        if wanted[n]:
-            spec += f"[{','.join(sorted(wanted[n]))}]"
-        args += ["-e", spec]
-    session.install(*args)
+        args += ["-e", str(packages[n])]
+    session.install(*args, *outside)
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
