@@ -59,13 +59,19 @@ def discover_plugins() -> list[Any]:
     return found + list(_REGISTERED)
 
 
+#: The kernels package to suggest for a family whose kernels live in a shared package.
+KERNEL_PACKAGE_FOR = {
+    "gemma4": "pypto-kernels-attention",
+    "gemma4_text": "pypto-kernels-attention",
+}
+
+
 def applicable_plugins(model: Any) -> list[Any]:
     """Plug-ins whose ``applies_to(model)`` is true; none -> the contract's message."""
     plugins = [p for p in discover_plugins() if p.applies_to(model)]
     if not plugins:
         family = getattr(getattr(model, "config", None), "model_type", None) or "<family>"
-        raise PluginError(
-            f"no kernel plug-in applies to this model (install pypto-kernels-{family})"
-        )
+        package = KERNEL_PACKAGE_FOR.get(family, f"pypto-kernels-{family}")
+        raise PluginError(f"no kernel plug-in applies to this model (install {package})")
     log.info("kernel plug-ins for %s: %s", type(model).__name__, [p.name for p in plugins])
     return plugins

@@ -1,0 +1,35 @@
+"""Keep PyPTO's run files out of the home folder; every test starts from clean state."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from pypto_kernels_common import sim
+
+sim.use_run_folders(Path(tempfile.mkdtemp(prefix="pypto-attention-tests-")))
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    from pypto_kernels_attention.package import OPS, PACKAGE
+
+    before = {op: PACKAGE.switches.is_on(op) for op in OPS}
+    for op in OPS:
+        PACKAGE.switches.set_switch(op, False)
+    PACKAGE.stats.reset()
+    yield
+    for op, value in before.items():
+        PACKAGE.switches.set_switch(op, value)
+    PACKAGE.stats.reset()
+
+
+@pytest.fixture
+def pypto_cpu():
+    """The PyPTO CPU path (SIM + verify shim), or skip when pypto is absent."""
+    pytest.importorskip("pypto")
+    from pypto_kernels_attention.package import PACKAGE
+
+    return PACKAGE.backend("cpu")
