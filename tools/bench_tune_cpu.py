@@ -32,16 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## pypto-tune"
 
-QWEN05_SHAPE = {
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 4096,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_e2e_cpu import QWEN05_SHAPE  # noqa: E402  (the one 0.5B-class shape of the tools)
 
 
 def _config(path: Path, gen: int):

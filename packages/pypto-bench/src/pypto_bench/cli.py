@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from pypto_common import cli_logging, redact, redact_obj
+from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
 from .args import FLAG_FOR, add_bench_arguments
 from .errors import EXIT, BenchError
@@ -30,28 +30,14 @@ OWN_LOGGERS = ("pypto_bench", "pypto_capture")
 _MODEL_FLAGS = ("model_path", "device", "dtype", "trust_remote_code", "attn_implementation")
 
 
-def _verbosity_flags(p: argparse.ArgumentParser, *, top: bool) -> None:
-    # On the subcommands too, so ``pypto-bench run -v`` works; SUPPRESS there keeps a
-    # subcommand from resetting a ``pypto-bench -v run`` to the default.
-    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        help="more detail: -v third-party INFO and full tracebacks, -vv DEBUG",
-        **({"default": 0} if top else kw),
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="errors only", **({} if top else kw))
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pypto-bench", description=__doc__.splitlines()[0])
-    _verbosity_flags(p, top=True)
+    add_verbosity_flags(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
     env_defaults = {"model_path": os.environ.get("MODEL_PATH")}
 
     sm = sub.add_parser("smoke", help="load offline, generate a few tokens, check the output")
-    _verbosity_flags(sm, top=False)
+    add_verbosity_flags(sm, top=False)
     add_bench_arguments(
         sm, defaults=env_defaults, exclude=[f for f in FLAG_FOR if f not in _MODEL_FLAGS]
     )
@@ -62,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     sm.add_argument("--min-coherence", type=float, default=None)
 
     run = sub.add_parser("run", help="benchmark arms in one regime and write a report")
-    _verbosity_flags(run, top=False)
+    add_verbosity_flags(run, top=False)
     add_bench_arguments(run, defaults=env_defaults)
     run.add_argument("--json", action="store_true", help="one JSON document on stdout")
     run.add_argument(
@@ -71,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-progress", action="store_true")
 
     cmp = sub.add_parser("compare", help="ratios between reports")
-    _verbosity_flags(cmp, top=False)
+    add_verbosity_flags(cmp, top=False)
     cmp.add_argument("reports", nargs="+")
     cmp.add_argument(
         "--force", action="store_true", help="compare across regimes or machines anyway"

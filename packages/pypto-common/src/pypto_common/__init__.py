@@ -27,7 +27,7 @@ from .folder import (
     RESERVED_NAMES,
     tool_owned_reason,
 )
-from .logs import THIRD_PARTY_LOGGERS, cli_logging, configure_cli_logging
+from .logs import THIRD_PARTY_LOGGERS, add_verbosity_flags, cli_logging, configure_cli_logging
 from .npu_api import NpuApi, NpuName, parse_table, parse_version
 from .redact import (
     MASK,
@@ -68,6 +68,7 @@ __all__ = [
     "NpuName",
     "RedactingFilter",
     "__version__",
+    "add_verbosity_flags",
     "atomic_write_text",
     "cli_logging",
     "configure_cli_logging",

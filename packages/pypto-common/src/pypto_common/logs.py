@@ -6,7 +6,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from .redact import RedactingFilter
 
@@ -136,3 +136,23 @@ def cli_logging(
             for h in handlers:
                 h.filters[:] = filters[id(h)]
         logging.raiseExceptions = raise_exceptions
+
+
+def add_verbosity_flags(parser: Any, *, top: bool) -> None:
+    """``-v/--verbose`` (count) and ``-q/--quiet`` on a parser or a subcommand's parser.
+
+    On subcommands the defaults are ``argparse.SUPPRESS``, so ``tool -v sub`` is not reset
+    by the subcommand's own default while ``tool sub -v`` also works; the verbosity for
+    :func:`cli_logging` is then ``-1 if args.quiet else int(args.verbose or 0)``.
+    """
+    import argparse
+
+    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more detail: -v third-party INFO and full tracebacks, -vv DEBUG",
+        **({"default": 0} if top else kw),
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="errors only", **kw)

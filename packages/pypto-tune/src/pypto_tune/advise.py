@@ -37,10 +37,11 @@ def amdahl(share: float, factor: float) -> float:
     return 1.0 / (1.0 - share + share / factor)
 
 
-def _bench_command(p: Profile, **overrides: Any) -> str:
+def _model_args(p: Profile, overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The profiled run's bench flags (both tools take them), with ``overrides`` applied."""
     cfg = dict(p.meta.get("bench_config") or {})
     cfg.update(overrides)
-    args = ["pypto-bench", "run", "--model-path", str(cfg.get("model_path") or "DIR")]
+    args = ["--model-path", str(cfg.get("model_path") or "DIR")]
     for flag, key in (
         ("--regime", "regime"),
         ("--seq", "seq"),
@@ -48,33 +49,29 @@ def _bench_command(p: Profile, **overrides: Any) -> str:
         ("--batch", "batch"),
         ("--device", "device"),
         ("--dtype", "dtype"),
+        ("--attn-implementation", "attn_implementation"),
     ):
         if cfg.get(key) is not None:
             args += [flag, str(cfg[key])]
-    if cfg.get("attn_implementation"):
-        args += ["--attn-implementation", str(cfg["attn_implementation"])]
-    if cfg.get("graph_backend") and cfg.get("graph_backend") != "auto":
+    if cfg.get("graph_backend") not in (None, "auto"):
         args += ["--graph-backend", str(cfg["graph_backend"])]
-    args += ["--arms", ",".join(cfg.get("arms") or ["eager", "graph"])]
-    return shlex.join(args)
+    if cfg.get("moe_routing") not in (None, "exact"):
+        args += ["--moe-routing", str(cfg["moe_routing"])]
+    if cfg.get("trust_remote_code"):
+        args.append("--trust-remote-code")
+    return cfg, args
+
+
+def _bench_command(p: Profile, **overrides: Any) -> str:
+    cfg, args = _model_args(p, overrides)
+    arms = ",".join(cfg.get("arms") or ["eager", "graph"])
+    return shlex.join(["pypto-bench", "run", *args, "--arms", arms])
 
 
 def _tune_command(p: Profile, arm: str, **overrides: Any) -> str:
-    cfg = dict(p.meta.get("bench_config") or {})
-    cfg.update(overrides)
-    args = ["pypto-tune", "profile", "--model-path", str(cfg.get("model_path") or "DIR")]
-    for flag, key in (
-        ("--regime", "regime"),
-        ("--seq", "seq"),
-        ("--gen", "gen"),
-        ("--batch", "batch"),
-    ):
-        if cfg.get(key) is not None:
-            args += [flag, str(cfg[key])]
-    if cfg.get("attn_implementation"):
-        args += ["--attn-implementation", str(cfg["attn_implementation"])]
-    args += ["--arm", arm, "--out", f"profile-{arm.replace('+', '-')}"]
-    return shlex.join(args)
+    _, args = _model_args(p, overrides)
+    out = f"profile-{arm.replace('+', '-')}"
+    return shlex.join(["pypto-tune", "profile", *args, "--arm", arm, "--out", out])
 
 
 def _plugins(p: Profile) -> list[dict[str, Any]]:

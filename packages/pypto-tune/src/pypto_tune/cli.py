@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pypto_common import cli_logging, redact, redact_obj
+from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
 from .errors import EXIT, BadInputError, TuneError
 
@@ -23,18 +23,6 @@ log = logging.getLogger("pypto_tune")
 OWN_LOGGERS = ("pypto_tune", "pypto_bench", "pypto_capture")
 # Bench flags that make no sense for one profiled arm (pypto-tune has its own).
 _EXCLUDED_BENCH_FLAGS = ["arms", "warmup", "iters", "report_file", "measure_bandwidth"]
-
-
-def _verbosity(p: argparse.ArgumentParser, *, top: bool) -> None:
-    kw: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    p.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        help="more detail (-v tracebacks, -vv DEBUG)",
-        **({"default": 0} if top else kw),
-    )
-    p.add_argument("-q", "--quiet", action="store_true", help="errors only", **({} if top else kw))
 
 
 def _thresholds(p: argparse.ArgumentParser) -> None:
@@ -53,11 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     from . import cli_tiles
 
     p = argparse.ArgumentParser(prog="pypto-tune", description=__doc__.splitlines()[0])
-    _verbosity(p, top=True)
+    add_verbosity_flags(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
 
     pr = sub.add_parser("profile", help="profile the step pypto-bench measures, diagnose, advise")
-    _verbosity(pr, top=False)
+    add_verbosity_flags(pr, top=False)
     add_bench_arguments(
         pr, defaults={"model_path": os.environ.get("MODEL_PATH")}, exclude=_EXCLUDED_BENCH_FLAGS
     )
@@ -85,14 +73,14 @@ def _parser() -> argparse.ArgumentParser:
     _thresholds(pr)
 
     ad = sub.add_parser("advise", help="diagnose a saved profile (other thresholds) and advise")
-    _verbosity(ad, top=False)
+    add_verbosity_flags(ad, top=False)
     ad.add_argument("profile", help="profile.json from `pypto-tune profile`")
     ad.add_argument("--json", action="store_true")
     ad.add_argument("--write", action="store_true", help="store the new diagnosis in the file")
     _thresholds(ad)
 
     cm = sub.add_parser("compare", help="diff two profiles; check the baseline's predictions")
-    _verbosity(cm, top=False)
+    add_verbosity_flags(cm, top=False)
     cm.add_argument("base")
     cm.add_argument("opt")
     cm.add_argument(

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from pypto_common import redact, redact_obj
+from pypto_common import add_verbosity_flags, redact, redact_obj
 
 from .errors import EXIT, BadInputError, TuneError
 from .tiles import DEFAULT_BUDGET, TileSearchResult, tile_search
@@ -63,8 +63,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="the result as one JSON document on stdout")
     # Accept -v/-q after the subcommand too (the top-level parser owns their defaults).
-    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS)
-    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS)
+    add_verbosity_flags(p, top=False)
     return p
 
 
