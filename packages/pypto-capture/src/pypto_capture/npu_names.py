@@ -9,9 +9,11 @@ that is not in the table cannot be called by accident.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
+import inspect
+import re
 from typing import Any
-
-from pypto_common.npu_api import NpuApi, parse_table
 
 # kind path [keywords; "?" = optional] [@version bounds] | where it was checked.
 # G: torch_npu/npu/graphs.py, S: streams.py, U: utils.py, M: memory.py, I: npu/__init__.py
@@ -45,8 +47,76 @@ kwarg    torch_npu.npu.graph auto_dispatch_capture @>=2.5.1.post1
                                                         | G graph.__init__; absent in 2.5.1
 """
 
-#: The table, at the installed torch_npu version (read from its metadata, no import).
-NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_capture")
+_ROW = re.compile(r"^(module|class|function|method|member|kwarg)\s+(\S+)([^|@]*)")
+
+
+class NpuNames:
+    """The declared names, resolved lazily; pypto-capture depends on torch only, so this
+    reads its own table (the version-bounded rows are for the checker: at run time
+    :meth:`accepts` asks the installed callable's signature)."""
+
+    def __init__(self, table: str) -> None:
+        self.paths: set[str] = set()
+        self.keywords: dict[str, set[str]] = {}
+        for line in table.splitlines():
+            m = _ROW.match(line)  # continuation lines start with blanks: no match
+            if m is None:
+                continue
+            kind, path, words = m.group(1), m.group(2), m.group(3).split()
+            if kind == "kwarg":
+                self.keywords.setdefault(path, set()).update(words)
+            else:
+                self.paths.add(path)
+
+    def declared(self, path: str) -> bool:
+        return path in self.paths
+
+    def resolve(self, path: str) -> Any:
+        """The object at ``path`` (None when this torch_npu lacks it); ImportError without
+        torch_npu. Undeclared paths raise KeyError."""
+        if path not in self.paths:
+            raise KeyError(f"{path} is not declared in pypto_capture.npu_names")
+        parts = path.split(".")
+        obj: Any = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+        return obj
+
+    def kwargs(self, path: str, **given: Any) -> dict[str, Any]:
+        """``given``, after checking every keyword is declared for ``path``."""
+        unknown = set(given) - self.keywords.get(path, set())
+        if unknown:
+            raise TypeError(f"keywords {sorted(unknown)} of {path} are not declared")
+        return given
+
+    def accepts(self, path: str, keyword: str) -> bool:
+        """Whether the installed callable at ``path`` takes ``keyword`` (declared ones only)."""
+        if keyword not in self.keywords.get(path, set()):
+            return False
+        try:
+            target = self.resolve(path)
+        except ImportError:
+            return False
+        if target is None:
+            return False
+        try:
+            params = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            return False
+        return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+    @staticmethod
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+
+#: The declared names of the device layer.
+NPU = NpuNames(NPU_API_TABLE)
 
 _PREFIX = "torch_npu.npu."
 
@@ -58,7 +128,7 @@ class NpuModule:
     name is an AttributeError), so feature detection reads the same as for torch.cuda.
     """
 
-    def __init__(self, api: NpuApi = NPU) -> None:
+    def __init__(self, api: NpuNames = NPU) -> None:
         self._api = api
 
     def __getattr__(self, name: str) -> Any:
