@@ -1,0 +1,193 @@
+# PyPTO's jit reads each parameter's annotation, a call (``pypto.Tensor((n, h), dt)``)
+# that no type checker can read as a type; the rest of the file is checked.
+# mypy: disable-error-code="valid-type"
+"""The PyPTO grouped GEMM for MoE experts.
+
+Why this shape of kernel: a decode step routes a few tokens to ``k`` experts each, so
+the work is ``tokens * k`` small GEMVs against ``k`` expert weight slices chosen on the
+device. The kernel reads each slot's expert id from the ``ids`` tensor as a symbolic
+scalar (``ids[t, j]``, PyPTO's GetTensorData) and takes a *view* of that expert's slice
+of the stacked weights at that offset: no host read-back, no copy of the weights, no
+shape that depends on the routing. Every call of a given token count sees the same
+shapes, which is what lets a captured step replay (the 507015 cause was a grouped GEMM
+fed growing group sizes). All ``tokens * k`` slots are independent loop iterations that
+the runtime spreads over the cores; one kernel launch replaces the per-expert loop.
+
+Token count is a dynamic axis, so one compiled kernel serves decode and prefill; prefill
+buckets (see :func:`token_bucket`) only bound how many distinct counts a capture sees.
+
+No ``from __future__ import annotations`` here: the jit evaluates each parameter's
+annotation. Nothing imports pypto at module import.
+"""
+
+import functools
+import math
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from pypto_kernels_common import Backend, Tiles
+
+from .package import PACKAGE
+
+__all__ = [
+    "ACTIVATIONS",
+    "GROUPED_TILES",
+    "GROUPED_TILES_FP32",
+    "backend",
+    "grouped_gemm_kernel",
+    "grouped_tiles",
+    "per_expert_kernel",
+    "token_bucket",
+]
+
+#: ``silu``: ``silu(g) * u`` (Qwen3-MoE, MiniMax M2, LLaDA2); ``gelu_tanh``:
+#: ``gelu_tanh(g) * u`` (Gemma 4's MoE experts, ``gelu_pytorch_tanh``).
+#: ``swigluoai``: MiniMax M3's clamped variant ``(clamp(u, -l, l) + 1) * g' * sigmoid(a g')``
+#: with ``g' = clamp(g, max=l)``.
+ACTIVATIONS = ("silu", "gelu_tanh", "swigluoai")
+_GELU_2C = 2.0 * math.sqrt(2.0 / math.pi)
+
+#: bf16/fp16 defaults, the best of the cube-tile search in tools/bench_moe_costmodel.py
+#: (decode, top-8: LLaDA2.0-mini 85.5 us vs 183.8 us with 128/128/128 tiles; MiniMax-M2
+#: 167.4 us vs 469.7 us). Decode is GEMV-shaped: one row per slot, wide N tiles.
+GROUPED_TILES = Tiles(
+    rows=1, vec_rows=1, vec_cols=2048, cube_m=(16, 16), cube_k=(128, 512), cube_n=(256, 256)
+)
+#: L0B holds 64 KB: k x n x 4 bytes must fit, so fp32 takes a quarter of the bf16 tile.
+GROUPED_TILES_FP32 = Tiles(
+    rows=1, vec_rows=1, vec_cols=2048, cube_m=(16, 16), cube_k=(128, 256), cube_n=(128, 128)
+)
+
+
+def grouped_tiles(dtype: torch.dtype) -> Tiles:
+    """Default tiles for an io dtype (cube buffers are sized in bytes)."""
+    return GROUPED_TILES_FP32 if dtype == torch.float32 else GROUPED_TILES
+
+
+#: Prefill token-count buckets: a captured prefill pads its tokens up to one of these.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def token_bucket(tokens: int) -> int:
+    """The smallest bucket holding ``tokens`` (padding rows carry zero routing weight)."""
+    for b in BUCKETS:
+        if tokens <= b:
+            return b
+    return tokens
+
+
+def backend(device_type: str) -> Backend:
+    """The PyPTO backend for tensors on ``device_type``; raises SimUnavailableError."""
+    return PACKAGE.backend(device_type)
+
+
+def _activate(pypto: ModuleType, g: Any, u: Any, act: str, alpha: float, limit: float) -> Any:
+    # x * sigmoid(a x) as x / (1 + exp(-a x)): pypto.sigmoid builds its "ones" with the
+    # tile's full shape, which breaks on a partial tile; this keeps the valid shape.
+    if act == "silu":
+        return pypto.div(g, pypto.add(pypto.exp(pypto.mul(g, -1.0)), 1.0)) * u
+    if act == "gelu_tanh":
+        # 0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2/pi) (g + 0.044715 g^3)
+        z2 = pypto.mul(g + g * g * g * 0.044715, -_GELU_2C)
+        return pypto.div(g, pypto.add(pypto.exp(z2), 1.0)) * u
+    g = pypto.minimum(g, limit)
+    u = pypto.minimum(pypto.maximum(u, -limit), limit)
+    glu = pypto.div(g, pypto.add(pypto.exp(pypto.mul(g, -alpha)), 1.0))
+    return (u + 1.0) * glu
+
+
+@functools.lru_cache(maxsize=32)
+def grouped_gemm_kernel(
+    bk: Backend,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    experts: int,
+    dtype: torch.dtype,
+    act: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    tiles: Tiles = GROUPED_TILES,
+) -> Any:
+    """out[t] = sum_j w[t, j] * down_e(act(gate_up_e(x[t]))), e = ids[t, j], j ascending.
+
+    ``gate_up`` [E, 2I, H] and ``down`` [E, H, I] are transformers' fused experts layout
+    (``[out, in]`` per expert), used in place with ``b_trans``. Tokens are dynamic.
+    """
+    pypto = bk.pypto
+    dt = bk.dtype(dtype)
+    fp32 = pypto.DT_FP32
+    n = pypto.frontend.dynamic("moe_tokens")
+    rest = list(range(1, top_k))
+    vec_cols = min(inter, tiles.vec_cols)
+    out_cols = min(hidden, tiles.vec_cols)
+
+    def slot(xv: Any, ids: Any, weights: Any, gate_up: Any, down: Any, t: Any, j: int) -> Any:
+        e = ids[t, j]
+        w_gu = pypto.reshape(
+            pypto.view(gate_up, [1, 2 * inter, hidden], [e, 0, 0]), [2 * inter, hidden]
+        )
+        w_dn = pypto.reshape(pypto.view(down, [1, hidden, inter], [e, 0, 0]), [hidden, inter])
+        h = pypto.matmul(xv, w_gu, dt, b_trans=True)
+        pypto.set_vec_tile_shapes(1, vec_cols)
+        g = pypto.cast(pypto.view(h, [1, inter], [0, 0]), fp32)
+        u = pypto.cast(pypto.view(h, [1, inter], [0, inter]), fp32)
+        a = pypto.cast(_activate(pypto, g, u, act, alpha, limit), dt)
+        y = pypto.matmul(a, w_dn, dt, b_trans=True)
+        pypto.set_vec_tile_shapes(1, out_cols)
+        wv = pypto.view(weights, [1, 1], [t, j])
+        return pypto.cast(pypto.cast(y, fp32) * wv, dt)
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def grouped_gemm(
+        x: pypto.Tensor((n, hidden), dt),
+        ids: pypto.Tensor((n, top_k), pypto.DT_INT32),
+        weights: pypto.Tensor((n, top_k), fp32),
+        gate_up: pypto.Tensor((experts, 2 * inter, hidden), dt),
+        down: pypto.Tensor((experts, hidden, inter), dt),
+        out: pypto.Tensor((n, hidden), dt),
+    ):
+        pypto.set_cube_tile_shapes(list(tiles.cube_m), list(tiles.cube_k), list(tiles.cube_n))
+        for t in pypto.loop(n):
+            pypto.set_vec_tile_shapes(1, out_cols)
+            xv = pypto.view(x, [1, hidden], [t, 0])
+            acc = slot(xv, ids, weights, gate_up, down, t, 0)
+            for j in rest:
+                acc = acc + slot(xv, ids, weights, gate_up, down, t, j)
+            pypto.assemble(acc, [t, 0], out)
+
+    return grouped_gemm
+
+
+@functools.lru_cache(maxsize=32)
+def per_expert_kernel(
+    bk: Backend, hidden: int, inter: int, dtype: torch.dtype, tiles: Tiles = GROUPED_TILES
+) -> Any:
+    """One expert's SwiGLU MLP over its routed rows: what the per-expert loop launches
+    once per hit expert. Only the cost-model benchmark uses it."""
+    pypto = bk.pypto
+    dt = bk.dtype(dtype)
+    fp32 = pypto.DT_FP32
+    n = pypto.frontend.dynamic("expert_rows")
+    vec_cols = min(inter, tiles.vec_cols)
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def expert_mlp(
+        x: pypto.Tensor((n, hidden), dt),
+        gate_up: pypto.Tensor((2 * inter, hidden), dt),
+        down: pypto.Tensor((hidden, inter), dt),
+        out: pypto.Tensor((n, hidden), dt),
+    ):
+        pypto.set_cube_tile_shapes(list(tiles.cube_m), list(tiles.cube_k), list(tiles.cube_n))
+        for t in pypto.loop(n):
+            xv = pypto.view(x, [1, hidden], [t, 0])
+            h = pypto.matmul(xv, gate_up, dt, b_trans=True)
+            pypto.set_vec_tile_shapes(1, vec_cols)
+            g = pypto.cast(pypto.view(h, [1, inter], [0, 0]), fp32)
+            u = pypto.cast(pypto.view(h, [1, inter], [0, inter]), fp32)
+            a = pypto.cast(_activate(pypto, g, u, "silu", 1.702, 7.0), dt)
+            pypto.assemble(pypto.matmul(a, down, dt, b_trans=True), [t, 0], out)
+
+    return expert_mlp

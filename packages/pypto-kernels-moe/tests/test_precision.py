@@ -1,0 +1,36 @@
+"""The precision cases: schema-valid, and the kernel within tolerance of the fp32 golden."""
+
+from __future__ import annotations
+
+import pytest
+
+from pypto_kernels_common import precision
+from pypto_kernels_common.precision import make_inputs
+from pypto_kernels_moe import PACKAGE
+from pypto_kernels_moe import precision as suite
+
+
+def test_cases_follow_the_one_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = suite.load_document()
+    jsonschema.validate(doc, precision.load_schema())
+    cases = suite.load_cases()
+    assert {c.op for c in cases} == {"grouped_gemm"}
+    assert any("minimax_m2" in c.id for c in cases)
+    assert any("llada2" in c.id for c in cases)
+
+
+def test_routing_gives_distinct_ids_per_token():
+    for case in suite.load_cases():
+        inputs = make_inputs(case, reduced=True)
+        ids, _ = suite.route(inputs["router_logits"], inputs["top_k"])
+        assert all(len(set(row)) == len(row) for row in ids.tolist()), case.id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", suite.load_cases(), ids=lambda c: c.id)
+def test_kernel_matches_golden(pypto_cpu, case):
+    inputs = make_inputs(case, reduced=True)
+    got = suite.run_kernel(case, inputs)
+    assert PACKAGE.stats.calls()["grouped_gemm"]["pypto"] == 1, PACKAGE.report()
+    precision.compare(case, got, suite.golden(case, inputs))
