@@ -52,6 +52,7 @@ from .moe_exact import (
     exact_experts_forward,
     find_experts,
     moe_weight_bytes,
+    swap_forward,
 )
 
 __version__ = "0.1.0"
@@ -104,5 +105,6 @@ __all__ = [
     "resolve_backend_name",
     "resolve_device",
     "round_robin_assignment",
+    "swap_forward",
     "synchronize",
 ]

@@ -136,6 +136,28 @@ def _iter_experts(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module
             yield name, module, _top_k_of(model, parent)
 
 
+def swap_forward(module: Any, fn: Any, mark: str, value: Any = True) -> Any:
+    """Bind ``fn`` as ``module``'s instance ``forward`` and set attribute ``mark``; return
+    the callable that puts back exactly what was there (an instance forward or none).
+
+    The one way the project swaps a module's forward (exact/static MoE here, kernel
+    plug-ins elsewhere), so every swap undoes the same way.
+    """
+    had_own = "forward" in vars(module)
+    previous = vars(module).get("forward")
+    module.forward = types.MethodType(fn, module)
+    setattr(module, mark, value)
+
+    def restore() -> None:
+        if had_own:
+            module.forward = previous
+        else:
+            vars(module).pop("forward", None)
+        vars(module).pop(mark, None)
+
+    return restore
+
+
 def find_experts(model: torch.nn.Module) -> list[ExpertsInfo]:
     """Every fused experts module of ``model`` (empty for a dense model)."""
     out = []
@@ -425,23 +447,8 @@ def _install(
                 f"{name} already runs {current} MoE routing; undo that handle before applying {routing}"
             )
     for name, module in targets:
-        had_own = "forward" in vars(module)
-        previous = vars(module).get("forward")
         native = module.forward  # the class's forward (or one already set on the instance)
-        fn = make_forward(module, native)
-        module.forward = types.MethodType(fn, module)
-        setattr(module, _MARK, routing)
-
-        def restore(
-            module: Any = module, had_own: bool = had_own, previous: Any = previous
-        ) -> None:
-            if had_own:
-                module.forward = previous
-            else:
-                vars(module).pop("forward", None)
-            vars(module).pop(_MARK, None)
-
-        handle._restore.append(restore)
+        handle._restore.append(swap_forward(module, make_forward(module, native), _MARK, routing))
         handle.modules.append(name)
     if handle.modules:
         log.info("%s MoE routing installed on %d experts modules", routing, len(handle.modules))

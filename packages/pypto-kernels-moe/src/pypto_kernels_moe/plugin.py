@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import types
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from pypto_capture import swap_forward
 
 from .ops import grouped_gemm
 from .package import PACKAGE
@@ -103,8 +104,6 @@ class MoEKernelPlugin:
                     raise ValueError(
                         f"{name} already runs the grouped GEMM; leave that enable() first"
                     )
-                had_own = "forward" in vars(module)
-                previous = vars(module).get("forward")
 
                 def forward(
                     self: Any,
@@ -126,19 +125,7 @@ class MoEKernelPlugin:
                         _limit,
                     )
 
-                module.forward = types.MethodType(forward, module)
-                setattr(module, _MARK, True)
-
-                def undo(
-                    module: Any = module, had_own: bool = had_own, previous: Any = previous
-                ) -> None:
-                    if had_own:
-                        module.forward = previous
-                    else:
-                        vars(module).pop("forward", None)
-                    vars(module).pop(_MARK, None)
-
-                restore.append(undo)
+                restore.append(swap_forward(module, forward, _MARK))
             log.info("grouped-GEMM experts on %d MoE layers", len(restore))
             with PACKAGE.switches.pto_switches(grouped_gemm=True):
                 yield
