@@ -56,7 +56,9 @@ FAKE = {
     "torch_npu/profiler/config.py": "import os\nclass ExportType:\n    Db = 'db'\n"
     "ALLOC = os.environ.get('FAKE_NPU_ALLOC_CONF')\n",
     "torch_npu/dynamo/torchair/__init__.py": "from .compiler import CompilerConfig\n",
-    "torch_npu/dynamo/torchair/compiler.py": "class CompilerConfig:\n    pass\n",
+    "torch_npu/dynamo/torchair/compiler.py": (
+        "class CompilerConfig:\n    def __init__(self):\n        self.mode = 'max-autotune'\n"
+    ),
     "torch_npu/_C.cpython-311-x86_64-linux-gnu.so": "\0ELF capture_begin\0_NPUGraph\0",
 }
 
@@ -152,6 +154,17 @@ def test_a_removed_keyword_fails_with_the_signature(fake_wheel, tmp_path):
         "__init__(npu_graph, pool, stream, capture_error_mode) in torch_npu.npu.graphs takes no"
         in err
     )
+
+
+def test_instance_attributes_set_in_init_are_members(fake_wheel, tmp_path):
+    """torchair's CompilerConfig defines its options (``mode``) only in ``__init__``."""
+    table = "member torchair.CompilerConfig.mode | self.mode in __init__\n"
+    rc, err, _ = _check("--wheel", f"2.9.0={fake_wheel}", table=table, tmp=tmp_path)
+    assert rc == 0, err
+    rc, err, _ = _check("--wheel", f"2.9.0={fake_wheel}",
+                        table="member torchair.CompilerConfig.moed | typo\n", tmp=tmp_path)  # fmt: skip
+    assert rc == 1
+    assert "CompilerConfig.moed" in err
 
 
 def test_private_names_are_not_star_exported(fake_wheel, tmp_path):

@@ -325,6 +325,20 @@ def _class_body(node: ast.ClassDef) -> dict[str, ast.AST]:
         elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             names.update({t.id: stmt for t in targets if isinstance(t, ast.Name)})
+    init = names.get("__init__")
+    if isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        # Instance attributes (``self.mode = ...`` in __init__) are members too: config
+        # classes such as torchair's CompilerConfig define their options only there.
+        for sub in ast.walk(init):
+            if isinstance(sub, (ast.Assign, ast.AnnAssign)):
+                targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                for t in targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    ):
+                        names.setdefault(t.attr, sub)
     return names
 
 

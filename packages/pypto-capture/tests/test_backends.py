@@ -76,7 +76,7 @@ def test_shape_change_between_replays_is_reported():
 def test_backend_resolution_and_pairing():
     cpu = torch.device("cpu")
     assert resolve_backend_name("auto", cpu) == "compile"
-    assert resolve_backend_name("auto", torch.device("cuda", 0)) == "cudagraph"
+    assert resolve_backend_name("auto", torch.device("cuda", 0)) == "fused"
     with pytest.raises(PyptoCaptureError, match="unknown backend"):
         resolve_backend_name("tensorrt", cpu)
     with pytest.raises(DeviceNotAvailableError, match="cuda"):
@@ -100,3 +100,52 @@ def test_cudagraph_capture_replay_and_pool_reuse():
     _state2, step2 = _counter_step("cuda")
     capture_and_replay(step2, warmup=1, replays=1, backend=be)
     assert be._pool == pool  # second graph shares the first one's pool
+
+
+def test_fused_backend_on_cpu_is_the_compiled_step():
+    """CPU has no device graphs: the fused backend's compile stage is all of it."""
+    from pypto_capture import FusedBackend
+
+    state, step = _counter_step("cpu")
+    be = make_backend("fused", "cpu")
+    assert isinstance(be, FusedBackend)
+    assert be.label == "fused (compile)"
+    res = capture_and_replay(step, warmup=2, replays=3, backend=be)
+    assert res.backend == "fused (compile)"
+    assert torch.equal(state, torch.full((4,), 5.0))  # 2 warmup + 3 replays, each ran
+
+
+def test_fused_backend_falls_back_to_the_plain_capture_when_compile_fails():
+    """What ``auto`` does on CUDA, driven on CPU with a stand-in graph stage."""
+    from pypto_capture import EagerBackend, FusedBackend
+
+    x = torch.ones(3)
+
+    def step():
+        print("host side effect")  # a graph break: fullgraph compile refuses it
+        return x * 2.0
+
+    cpu = torch.device("cpu")
+    strict = FusedBackend(cpu, graph_stage=EagerBackend(cpu))
+    assert strict.stages == ("compile", "eager")
+    with pytest.raises(CaptureFailedError):
+        strict.capture(step, warmup=1)
+    lenient = FusedBackend(cpu, fallback=True, graph_stage=EagerBackend(cpu))
+    captured = lenient.capture(step, warmup=1)
+    assert torch.equal(captured.replay(), torch.full((3,), 2.0))
+    assert lenient.stages == ("eager",)
+    assert lenient.label == "fused (eager)"
+    assert "compile stage failed" in lenient.fallback_reason
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (none visible to torch)")
+def test_fused_backend_on_cuda_captures_the_compiled_step():
+    _state, step = _counter_step("cuda")
+    be = make_backend("auto", "cuda:0")
+    assert be.name == "fused"
+    assert be.fallback
+    res = capture_and_replay(step, warmup=2, replays=4, backend=be)
+    torch.cuda.synchronize()
+    assert res.backend == "fused (compile+cudagraph)", be.fallback_reason
+    assert len(res.times_s) == 4

@@ -80,6 +80,16 @@ def test_compiled_decode_matches_generate(model_dirs, arch):
         assert runner.cache.seq_length() == ids.shape[1] + NEW - 1
 
 
+def test_fused_decode_on_cpu_matches_generate(model_dirs):
+    """The fused backend's CPU form (its compile stage; no device graph) keeps the tokens."""
+    model = _load(model_dirs["llama"])
+    runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend="fused")
+    ids, am = _prompts(0)
+    got = runner.generate(ids, am, max_new_tokens=NEW)
+    _assert_same_until_eos(got, _reference(model, ids, am), "llama fused")
+    assert runner.backend_name == "fused (compile)"
+
+
 @pytest.mark.parametrize("arch", [*ARCHS, "mistral"])
 def test_eager_static_cache_path_matches_generate(model_dirs, arch):
     model = _load(model_dirs[arch])
@@ -111,10 +121,12 @@ def test_capture_before_prefill_and_usage_errors(model_dirs):
     not torch.cuda.is_available(), reason="needs a CUDA device (none visible to torch)"
 )
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_cudagraph_decode_matches_generate(model_dirs, arch):
+@pytest.mark.parametrize(
+    ("backend", "ran"), [("cudagraph", "cudagraph"), ("auto", "fused (compile+cudagraph)")]
+)
+def test_cudagraph_decode_matches_generate(model_dirs, arch, backend, ran):
     model = _load(model_dirs[arch]).to("cuda")
-    runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend="auto")
-    assert runner.backend_name == "cudagraph"
+    runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend=backend)
     for seed in (0, 1):  # the second prompt replays the same graph
         ids, am = _prompts(seed)
         ids, am = ids.cuda(), am.cuda()
@@ -122,6 +134,7 @@ def test_cudagraph_decode_matches_generate(model_dirs, arch):
         _assert_same_until_eos(
             got.cpu(), _reference(model, ids, am).cpu(), f"{arch} cuda seed {seed}"
         )
+        assert runner.backend_name == ran  # auto did not fall back
 
 
 def _npu_skip_reason():

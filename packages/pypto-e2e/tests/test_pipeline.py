@@ -273,3 +273,24 @@ def test_embedded_demo_model_passes_the_smoke_gate_honestly(model_copy):
     assert result.coherence is not None
     assert result.coherence >= 0.5
     assert len(result.text.split()) >= 4
+
+
+def test_the_report_compares_graph_with_the_hf_compile_recipe():
+    import torch
+
+    from pypto_bench import BenchConfig
+    from pypto_bench.report import ArmResult, new_report
+    from pypto_e2e.report import render_markdown
+
+    config = _config(work_dir="w", model_id="a/b", arms=("eager", "graph", "hf-compile"))
+    report = new_report(BenchConfig(), device=torch.device("cpu"), device_name="cpu")
+    for name, best in (("eager", 10.0), ("graph", 30.0), ("hf-compile", 20.0)):
+        arm = ArmResult(name=name)
+        arm.tokens_per_s["best"] = best
+        report.arms.append(arm)
+    report.finish()
+    text = render_markdown(report.to_dict(), None, config)
+    assert (
+        "graph vs hf-compile (transformers' static cache + torch.compile, same run): 1.500x" in text
+    )
+    assert "| 1.50 |" in text  # the bench table's x hf-compile column for the graph arm

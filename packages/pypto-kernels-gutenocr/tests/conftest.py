@@ -15,6 +15,9 @@ import pytest
 from pypto_kernels_common import sim
 
 sim.use_run_folders(Path(tempfile.mkdtemp(prefix="pypto-gutenocr-tests-")))
+# Before anything imports pypto: PyPTO reads TILEFWK_CONFIG_PATH once, when its libraries
+# load, and without the shim's quiet config every small SIM call draws swim-lane PNGs.
+sim.prepare_environment()
 
 
 @pytest.fixture(autouse=True)

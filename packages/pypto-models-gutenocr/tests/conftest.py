@@ -8,19 +8,17 @@ tokenizer with Qwen's vision special tokens, and a slow (PIL) image processor.
 
 from __future__ import annotations
 
-import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
-_RUN = tempfile.mkdtemp(prefix="pypto-gutenocr-model-tests-")
-for var, sub in (
-    ("TILE_FWK_OUTPUT_DIR", "output"),
-    ("ASCEND_PROCESS_LOG_PATH", "log"),
-    ("PYPTO_HOME", "home"),
-):
-    os.environ.setdefault(var, os.path.join(_RUN, sub))
-    os.makedirs(os.environ[var], exist_ok=True)
+from pypto_kernels_common import sim
+
+sim.use_run_folders(Path(tempfile.mkdtemp(prefix="pypto-gutenocr-model-tests-")))
+# Before anything imports pypto: PyPTO reads TILEFWK_CONFIG_PATH once, when its libraries
+# load, and without the shim's quiet config every small SIM call draws swim-lane PNGs.
+sim.prepare_environment()
 
 from pypto_testing.gutenocr import make_tiny_gutenocr  # noqa: E402
 

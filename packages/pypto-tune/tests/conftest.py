@@ -10,6 +10,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+try:  # the tile-search tests run PyPTO's cost model (pypto-kernels-common, test extra)
+    from pypto_kernels_common import sim
+except ImportError:  # pragma: no cover - installed without the test extra
+    sim = None
+if sim is not None:
+    # Before anything imports pypto: PyPTO reads TILEFWK_CONFIG_PATH once, when its
+    # libraries load; without the quiet config small SIM calls draw swim-lane PNGs.
+    sim.prepare_environment()
+
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -95,6 +95,11 @@ def test_compare_same_profile_is_1x(profiled: Path, capsys):
             EXIT.FAILED,
             "plug-in",
         ),
+        (
+            ["profile", "--model-path", "{model}", *FAST, "--batch", "1,2"],
+            EXIT.USAGE,
+            "a profile is of one batch size",
+        ),
         (["advise", "{missing}"], EXIT.USAGE, "no such file"),
         (["advise", "{file}"], EXIT.BAD_PROFILE, "not readable JSON"),
         (["compare", "{file}", "{file}", "--tolerance", "0.5"], EXIT.USAGE, "tolerance"),

@@ -4,7 +4,16 @@ Library first; the ``pypto-bench`` CLI is a thin layer over these functions.
 """
 
 from .args import add_bench_arguments, bench_config_from_args
-from .bench import ARMS, GRAPH_BACKENDS, REGIMES, BenchConfig, BenchSession, open_session, run_bench
+from .bench import (
+    ARMS,
+    GRAPH_BACKENDS,
+    REGIMES,
+    BenchConfig,
+    BenchSession,
+    open_session,
+    run_bench,
+    run_sweep,
+)
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
 from .errors import (
@@ -94,6 +103,7 @@ __all__ = [
     "register_plugin",
     "report_to_markdown",
     "run_bench",
+    "run_sweep",
     "schema",
     "smoke",
     "supports_diffusion",

@@ -13,6 +13,7 @@ torch import here: a CLI builds its parser before choosing device environment va
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -22,13 +23,36 @@ from .loading import DTYPES
 
 # BenchConfig fields that are not user flags: the recorded command line is set by the
 # program that runs the bench (already redacted there), never typed by the user.
-NOT_FLAGS = frozenset({"command_line"})
+NOT_FLAGS = frozenset({"command_line", "batches"})
+#: ``--batch 1,8,32`` sets both ``batch`` (the first) and ``batches`` (the sweep).
+_BATCH_LIST = re.compile(r"[+-]?[0-9]+")
 
 
 def parse_arms(text: str | Iterable[str]) -> tuple[str, ...]:
     """``"eager, graph"`` -> ``("eager", "graph")``; validation is BenchConfig.validate's job."""
     items = text.split(",") if isinstance(text, str) else list(text)
     return tuple(a.strip() for a in items if a.strip())
+
+
+def parse_batches(text: str | int | Iterable[int]) -> tuple[int, ...]:
+    """``"1,8,32"`` -> ``(1, 8, 32)``; ``4`` -> ``(4,)``. The --batch flag's type.
+
+    A malformed list raises ``argparse.ArgumentTypeError`` naming the entry and the fix
+    (argparse turns it into a usage error, exit 2, before anything runs); ranges (>= 1,
+    no duplicates) are ``BenchConfig.validate``'s job.
+    """
+    if isinstance(text, int):
+        return (text,)
+    if not isinstance(text, str):
+        return tuple(int(b) for b in text)
+    example = "pass one batch size or a comma list such as --batch 1,8,32"
+    items = [t.strip() for t in text.split(",")]
+    if any(not t for t in items):
+        raise argparse.ArgumentTypeError(f"--batch {text!r} has an empty entry: {example}")
+    for t in items:
+        if not _BATCH_LIST.fullmatch(t):
+            raise argparse.ArgumentTypeError(f"--batch entry {t!r} is not an integer: {example}")
+    return tuple(int(t) for t in items)
 
 
 @dataclass(frozen=True)
@@ -75,7 +99,13 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag("seq", "--seq", "prompt length in tokens", type=int, metavar="N"),
     _Flag("gen", "--gen", "tokens (or diffusion positions) to generate", type=int, metavar="N"),
-    _Flag("batch", "--batch", "rows per call", type=int, metavar="N"),
+    _Flag(
+        "batch",
+        "--batch",
+        "rows per call; a comma list (1,8,32) sweeps every batch in one run",
+        type=parse_batches,
+        metavar="N[,N...]",
+    ),
     _Flag("warmup", "--warmup", "untimed iterations per arm", type=int, metavar="N"),
     _Flag("iters", "--iters", "timed iterations (samples) per arm", type=int, metavar="N"),
     _Flag("graph_backend", "--graph-backend", " | ".join(GRAPH_BACKENDS), metavar="BACKEND"),
@@ -206,4 +236,9 @@ def bench_config_from_args(namespace: argparse.Namespace, **overrides: Any) -> B
             values[name] = getattr(namespace, name)
     if "arms" in values and not isinstance(values["arms"], tuple):
         values["arms"] = parse_arms(values["arms"])
+    if "batch" in values:
+        batches = parse_batches(values["batch"])
+        values["batch"] = batches[0] if batches else 0
+        if "batches" not in overrides:
+            values["batches"] = batches if len(batches) > 1 else ()
     return BenchConfig(**values)

@@ -20,34 +20,44 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pypto_common import redact
 
+from . import noise
 from .errors import (
     BadInputError,
     EnvironmentMissingError,
     RegimeNotSupportedError,
 )
 from .measure import (
+    RssPeak,
+    attention_flops_per_token,
     count_tokens,
     kv_bytes_per_token,
     match_rate,
     measure_bandwidth,
+    measure_matmul_peak,
     roofline,
     summarize,
     summarize_seconds,
     weight_bytes_read_per_step,
 )
+from .noise import LoadSampler
+from .peer import PEER_ARM
 from .report import ArmResult, Report, check_report_path, new_report
 
 log = logging.getLogger(__name__)
 
 REGIMES = ("prefill", "decode", "diffusion-generate")
-ARMS = ("eager", "graph", "pypto+graph")
-GRAPH_BACKENDS = ("auto", "compile", "cudagraph", "npugraph", "eager")
+#: ``hf-compile`` is transformers' own static-cache + torch.compile recipe (pypto_bench.peer):
+#: the fast path a user would pick instead of this project, measured by the same protocol.
+ARMS = ("eager", "graph", "pypto+graph", PEER_ARM)
+#: Regimes the peer recipe exists in (transformers has no diffusion generate to compile).
+PEER_REGIMES = ("decode", "prefill")
+GRAPH_BACKENDS = ("auto", "compile", "cudagraph", "npugraph", "fused", "eager")
 #: How the graph arms run an MoE model's experts (pypto_capture.MOE_ROUTINGS, spelled here
 #: so building the CLI parser does not import torch).
 MOE_ROUTINGS = ("exact", "static")
@@ -89,14 +99,18 @@ class BenchConfig:
     seq: int = 16
     gen: int = 128
     batch: int = 1
+    # The batch sweep (``--batch 1,8,32``): every batch measured in one run, the model
+    # loaded once; ``batch`` is its first entry (the report's headline arms). Empty: one
+    # batch, ``batch``.
+    batches: tuple[int, ...] = ()
     arms: tuple[str, ...] = ("eager", "graph")
     warmup: int = 2
     iters: int = 3
     dtype: str = "auto"
     graph_backend: str = "auto"
-    # torch.compile mode of the compile backend (CPU): None is inductor's default;
-    # "max-autotune-no-cudagraphs" benchmarks GEMM kernels per shape at capture (minutes
-    # for a 0.5B model) and reaches the bandwidth ceiling on CPU decode.
+    # torch.compile mode of the compile/fused backends: None lets pypto-capture choose
+    # (decode on CPU: "max-autotune-no-cudagraphs" for models with >= 256 MiB of weights,
+    # which reaches the bandwidth ceiling; inductor's default otherwise).
     compile_mode: str | None = None
     seed: int = 0
     attn_implementation: str | None = None
@@ -129,6 +143,11 @@ class BenchConfig:
                 raise BadInputError(f"unknown arm {arm!r}: choose from {', '.join(ARMS)}")
         if len(set(arms)) != len(arms):
             raise BadInputError(f"arm listed twice in {','.join(arms)}: list each arm once")
+        if PEER_ARM in arms and self.regime not in PEER_REGIMES:
+            raise BadInputError(
+                f"the {PEER_ARM} arm runs in the {' and '.join(PEER_REGIMES)} regimes only "
+                f"(transformers has no compiled {self.regime} path): drop it from --arms"
+            )
         if self.gen < 1:
             raise BadInputError(f"--gen must be >= 1 (got {self.gen})")
         if self.regime == "decode" and self.gen < 2:
@@ -140,6 +159,7 @@ class BenchConfig:
                 raise BadInputError(f"--{name} must be >= 1 (got {getattr(self, name)})")
         if self.warmup < 0:
             raise BadInputError(f"--warmup must be >= 0 (got {self.warmup})")
+        self._validate_batches()
         if self.dtype not in DTYPES:
             raise BadInputError(f"unknown dtype {self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.graph_backend not in GRAPH_BACKENDS:
@@ -159,6 +179,28 @@ class BenchConfig:
                 f"--block-length must divide --gen ({self.gen}); got {self.block_length}"
             )
 
+    def _validate_batches(self) -> None:
+        batches = tuple(self.batches)
+        bad = [b for b in batches if not isinstance(b, int) or isinstance(b, bool) or b < 1]
+        if bad:
+            raise BadInputError(
+                f"--batch entries must be integers >= 1 (got {bad[0]!r}): e.g. --batch 1,8,32"
+            )
+        if len(set(batches)) != len(batches):
+            raise BadInputError(
+                f"batch listed twice in --batch {','.join(map(str, batches))}: list each once"
+            )
+        if batches and self.batch != batches[0]:
+            raise BadInputError(
+                f"batch {self.batch} is not the first of batches {','.join(map(str, batches))}: "
+                "set batch to batches[0] (or use run_sweep(config, batches))"
+            )
+
+    @property
+    def sweep(self) -> tuple[int, ...]:
+        """The batches this config measures, in order (one entry without a sweep)."""
+        return tuple(self.batches) or (self.batch,)
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting that changes what is measured, JSON-able; callers fingerprint it.
 
@@ -172,6 +214,8 @@ class BenchConfig:
             "seq": self.seq,
             "gen": self.gen,
             "batch": self.batch,
+            # Only for a sweep: a single batch's description (e2e's fingerprint) is unchanged.
+            **({"batches": list(self.batches)} if len(self.batches) > 1 else {}),
             "arms": list(self.arms),
             "warmup": self.warmup,
             "iters": self.iters,
@@ -241,17 +285,30 @@ class _Ctx:
     eos_ids: list[int]
     pad_id: int | None
     progress: ProgressFn | None
+    #: Token ids the prompt avoids (a sweep builds each batch's prompt with them).
+    special_ids: set[int] = field(default_factory=set)
+    #: Bandwidth and matmul peak, measured once per invocation and shared by a sweep's
+    #: per-batch contexts (``dataclasses.replace`` keeps this same dict).
+    ceilings: dict[str, Any] = field(default_factory=dict)
 
 
 class _Memory:
-    """Peak memory per arm and reserved-memory growth across measured iterations."""
+    """Peak memory per arm and reserved-memory growth across measured iterations.
+
+    Accelerators: the allocator's peaks, reset here. CPU has no allocator counters (torch
+    reports 0, which reads as a measurement), so there ``peak_allocated`` /
+    ``peak_reserved`` are None and the arm's figure is the process's resident-set peak
+    (``rss_peak_bytes``, ``measure.RssPeak``), recorded on every device (host memory).
+    """
 
     def __init__(self, device: Any) -> None:
         from pypto_capture import memory_stats, reset_peak_memory
 
         self.device = device
         self._stats = memory_stats
+        self._host = getattr(device, "type", str(device)) == "cpu"
         reset_peak_memory(device)
+        self._rss = RssPeak()
         self.reserved: list[int] = []
 
     def sample(self) -> None:
@@ -261,10 +318,11 @@ class _Memory:
         stats = self._stats(self.device)
         growth = (self.reserved[-1] - self.reserved[0]) if len(self.reserved) > 1 else 0
         return {
-            "peak_allocated": int(stats.peak_allocated),
-            "peak_reserved": int(stats.peak_reserved),
+            "peak_allocated": None if self._host else int(stats.peak_allocated),
+            "peak_reserved": None if self._host else int(stats.peak_reserved),
             "reserved_per_iter": list(self.reserved),
             "reserved_growth": int(growth),
+            **self._rss.result(),
         }
 
 
@@ -286,8 +344,12 @@ def _tick(ctx: _Ctx, arm: str, done: int) -> None:
 # --- decode ---------------------------------------------------------------------------
 
 
-def _eager_generate(ctx: _Ctx) -> tuple[Any, float, float]:
-    """One greedy generate: (new tokens [B, n], ttft_s, decode_s)."""
+def _eager_generate(ctx: _Ctx, extra: dict[str, Any] | None = None) -> tuple[Any, float, float]:
+    """One greedy generate: (new tokens [B, n], ttft_s, decode_s).
+
+    ``extra`` adds generate keywords: the hf-compile arm's static cache and CompileConfig,
+    so that arm is timed by exactly this code.
+    """
     import torch
     from transformers import LogitsProcessorList
 
@@ -305,6 +367,7 @@ def _eager_generate(ctx: _Ctx) -> tuple[Any, float, float]:
     }
     if cfg.ignore_eos:
         kwargs["min_new_tokens"] = cfg.gen
+    kwargs.update(extra or {})
     with torch.inference_mode():
         synchronize(ctx.device)
         start = time.perf_counter()
@@ -327,15 +390,17 @@ def _decode_sample(ctx: _Ctx, tokens: Any, ttft: float, decode_s: float) -> dict
     }
 
 
-def _run_eager_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+def _run_eager_decode(
+    ctx: _Ctx, arm: ArmResult, mem: _Memory, extra: dict[str, Any] | None = None
+) -> Any:
     cfg = ctx.config
     for i in range(cfg.warmup):
-        _eager_generate(ctx)
+        _eager_generate(ctx, extra)
         _tick(ctx, arm.name, i + 1)
     samples = []
     tokens = None
     for i in range(cfg.iters):
-        tokens, ttft, dec = _eager_generate(ctx)
+        tokens, ttft, dec = _eager_generate(ctx, extra)
         samples.append(_decode_sample(ctx, tokens, ttft, dec))
         mem.sample()
         _tick(ctx, arm.name, cfg.warmup + i + 1)
@@ -365,6 +430,12 @@ def _graph_decode_iteration(ctx: _Ctx, arm: ArmResult) -> Callable[[], tuple[Any
         compile_mode=cfg.compile_mode,
     )
     arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+    if getattr(runner, "compile_mode_reason", None):
+        # None = inductor's default; on CPU large models get autotuned GEMVs by default.
+        arm.details["compile_mode"] = {
+            "mode": runner.compile_mode,
+            "why": runner.compile_mode_reason,
+        }
 
     def once() -> tuple[Any, float, float]:
         runner.reset()
@@ -380,6 +451,11 @@ def _graph_decode_iteration(ctx: _Ctx, arm: ArmResult) -> Callable[[], tuple[Any
         runner.capture()
         synchronize(ctx.device)
         arm.details["capture_s"] = time.perf_counter() - start
+        # Final after capture: auto's fused backend may have fallen back to a plain capture.
+        arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+        reason = getattr(getattr(runner, "backend", None), "fallback_reason", None)
+        if reason:
+            arm.warnings.append(f"{arm.name}: {reason}")
         describe = getattr(getattr(runner, "cache", None), "describe", None)
         if callable(describe):
             # The layer-type pattern and per-layer slots (sliding layers hold `window`,
@@ -419,6 +495,68 @@ def _fill_decode(arm: ArmResult, samples: list[dict[str, Any]]) -> None:
     arm.details["generated_tokens_per_iter"] = [sum(s["counts"]) for s in samples]
 
 
+def _peer_config(ctx: _Ctx, arm: ArmResult) -> Any:
+    from .peer import compile_config
+
+    config, described = compile_config(ctx.device, ctx.config.compile_mode)
+    arm.details["backend"] = f"transformers CompileConfig ({described.get('backend')})"
+    arm.details["peer"] = described
+    return config
+
+
+def _run_peer_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    """transformers' static cache + compiled forward through ``generate``, timed as eager.
+
+    The first call compiles (untimed, ``compile_s``); warmup and iterations then follow the
+    eager arm's loop with the recipe's generate keywords.
+    """
+    from pypto_capture import synchronize
+
+    from .peer import forget_compiled_call, generate_kwargs, timed_first_call, used_compiled_call
+
+    extra = generate_kwargs(_peer_config(ctx, arm))
+    try:
+        arm.details["capture_s"] = timed_first_call(
+            lambda: _eager_generate(ctx, extra), synchronize, ctx.device
+        )
+        arm.details["compiled"] = used_compiled_call(ctx.model)
+        if not arm.details["compiled"]:
+            msg = f"{arm.name}: generate did not take its compiled path (ran uncompiled)"
+            log.warning(msg)
+            arm.warnings.append(msg)
+        return _run_eager_decode(ctx, arm, mem, extra)
+    finally:
+        forget_compiled_call(ctx.model)
+
+
+def _peer_prefill_fn(ctx: _Ctx, arm: ArmResult) -> Callable[[], Any]:
+    from .peer import compiled_prefill
+
+    call = compiled_prefill(ctx.model, _peer_config(ctx, arm))
+    ids, mask = ctx.input_ids, ctx.attention_mask
+
+    def fn() -> Any:
+        return call(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    return fn
+
+
+def _run_peer_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+    import torch
+
+    from pypto_capture import synchronize
+
+    from .peer import forget_compiled_call, timed_first_call
+
+    try:
+        fn = _peer_prefill_fn(ctx, arm)
+        with torch.inference_mode():
+            arm.details["capture_s"] = timed_first_call(fn, synchronize, ctx.device)
+        return _run_eager_prefill(ctx, arm, mem, fn)
+    finally:
+        forget_compiled_call(ctx.model)
+
+
 # --- prefill --------------------------------------------------------------------------
 
 
@@ -431,11 +569,13 @@ def _prefill_fn(ctx: _Ctx) -> Callable[[], Any]:
     return fn
 
 
-def _run_eager_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+def _run_eager_prefill(
+    ctx: _Ctx, arm: ArmResult, mem: _Memory, fn: Callable[[], Any] | None = None
+) -> Any:
     import torch
 
     cfg = ctx.config
-    fn = _prefill_fn(ctx)
+    fn = fn or _prefill_fn(ctx)
     times = []
     out: Any = None
     with torch.inference_mode():
@@ -696,10 +836,11 @@ def _kernels_for(ctx: _Ctx, arm_name: str) -> Any:
 def _moe_routing_for(ctx: _Ctx, arm: ArmResult) -> Any:
     """The graph arms' MoE experts: exact by default, the static proxy on request.
 
-    The eager arm is the reference and keeps the model's own forward. A dense model comes
-    back with an empty handle and the arm is unchanged.
+    The eager arm is the reference and keeps the model's own forward, as does the hf-compile
+    arm (the user's alternative runs the model as transformers ships it). A dense model
+    comes back with an empty handle and the arm is unchanged.
     """
-    if arm.name == "eager":
+    if arm.name in ("eager", PEER_ARM):
         yield None
         return
     from pypto_capture import apply_moe_routing
@@ -736,10 +877,14 @@ def _run_arm(ctx: _Ctx, arm: ArmResult) -> Any:
             if plugins:
                 arm.details["plugins"] = [p.name for p in plugins]
             if regime == "decode":
-                runner = _run_eager_decode if arm.name == "eager" else _run_graph_decode
+                runner = {"eager": _run_eager_decode, PEER_ARM: _run_peer_decode}.get(
+                    arm.name, _run_graph_decode
+                )
                 tokens = runner(ctx, arm, mem)
             elif regime == "prefill":
-                runner = _run_eager_prefill if arm.name == "eager" else _run_graph_prefill
+                runner = {"eager": _run_eager_prefill, PEER_ARM: _run_peer_prefill}.get(
+                    arm.name, _run_graph_prefill
+                )
                 tokens = runner(ctx, arm, mem)
             else:
                 tokens = _run_diffusion(ctx, arm, mem)
@@ -812,8 +957,44 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     report.warnings.extend(warnings)
     report.model = model_info
 
+    load = LoadSampler()
+    _measure(ctx, report)
+    # The sweep's other batches: same model, same protocol, each its own prompt and arms.
+    runs = [(config.batch, report)]
+    for batch in config.sweep[1:]:
+        sub_ctx = _ctx_for_batch(ctx, batch)
+        sub = replace(report, config=sub_ctx.config.to_dict(), arms=[], warnings=[])
+        sub.roofline = None
+        _measure(sub_ctx, sub)
+        runs.append((batch, sub))
+    _guard_noise(report, runs, load.stop())
+    if len(runs) > 1:
+        report.batch_sweep = [_sweep_entry(b, r) for b, r in runs]
+        report.ok = all(r.ok for _, r in runs)
+    if config.report_file:
+        report.write(config.report_file)
+    return report
+
+
+def run_sweep(
+    config: BenchConfig, batches: Sequence[int], *, progress: ProgressFn | None = None
+) -> Report:
+    """``run_bench`` over several batch sizes in one run (the model loaded once).
+
+    The report's arms are the first batch's (the shape of a single-batch report);
+    ``report.batch_sweep`` has one entry per batch: tok/s per arm and the decode roofline
+    against both ceilings (bandwidth and matmul peak, measured once), naming which binds.
+    """
+    batches = tuple(batches)
+    if not batches:
+        raise BadInputError("no batch sizes given: pass e.g. --batch 1,8,32")
+    return run_bench(replace(config, batch=batches[0], batches=batches), progress=progress)
+
+
+def _measure(ctx: _Ctx, report: Report) -> None:
+    """Every requested arm at ``ctx``'s batch into ``report``: agreement, roofline, ratios."""
     tokens: dict[str, Any] = {}
-    for name in config.arms:
+    for name in ctx.config.arms:
         arm = ArmResult(name=name)
         report.arms.append(arm)
         try:
@@ -821,12 +1002,61 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
         except Exception as err:
             _record_failure(ctx, arm, err)
     _check_agreement(ctx, report, tokens)
-    if config.regime == "decode":
+    if ctx.config.regime == "decode":
         _fill_roofline(ctx, report)
     report.finish()
-    if config.report_file:
-        report.write(config.report_file)
-    return report
+
+
+def _ctx_for_batch(ctx: _Ctx, batch: int) -> _Ctx:
+    import torch
+
+    config = replace(ctx.config, batch=batch, batches=(), report_file=None)
+    ids = make_prompt_ids(ctx.tokenizer, batch, config.seq, ctx.special_ids).to(ctx.device)
+    return replace(ctx, config=config, input_ids=ids, attention_mask=torch.ones_like(ids))
+
+
+def _guard_noise(report: Report, runs: list[tuple[int, Report]], load: dict[str, Any]) -> None:
+    """Assess every batch's arms (pypto_bench.noise); a noisy run is said loudly."""
+    checks: list[dict[str, Any]] = []
+    for batch, run in runs:
+        where = f"batch {batch} / " if len(runs) > 1 else ""
+        got = noise.assess(run.arms, load, where=where)
+        if any(c["name"] == "load" for c in checks):
+            got = [c for c in got if c["name"] != "load"]
+        checks += got
+    report.noise = noise.noise_section(checks, load)
+    line = noise.summary(report.noise)
+    if line:
+        log.warning("%s", line)
+        report.warnings.append(line)
+
+
+def _sweep_entry(batch: int, run: Report) -> dict[str, Any]:
+    """One batch of a sweep: per-arm figures and the roofline against both ceilings."""
+    return {
+        "batch": batch,
+        "ok": run.ok,
+        "arms": [
+            {
+                "name": a.name,
+                "ok": a.ok,
+                "error": a.error,
+                "tokens_per_s": a.tokens_per_s,
+                "ttft_s": a.ttft_s,
+                "ratio_to_eager": a.ratio_to_eager,
+                "ratio_to_peer": a.ratio_to_peer,
+                "token_match": a.token_match,
+                "outputs_differ_by_design": a.outputs_differ_by_design,
+                "memory": a.memory,
+                "roofline": a.roofline,
+                "unreliable": a.unreliable,
+                "warnings": a.warnings,
+            }
+            for a in run.arms
+        ],
+        "roofline": run.roofline,
+        "warnings": run.warnings,
+    }
 
 
 def _reference_tokens(ctx: _Ctx) -> Any:
@@ -897,14 +1127,24 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
         info["weight_bytes"] = weights
         info["expert_bytes"] = moe["expert_bytes"]
         info["active_expert_bytes"] = moe["active_expert_bytes"]
-    if cfg.measure_bandwidth:
-        measured = measure_bandwidth(ctx.device)
-        info["bandwidth_bytes_per_s"] = measured["bytes_per_s"]
-        info["bandwidth_method"] = measured["method"]
+    # FLOPs per token: 2 x the parameters one token multiplies (for an MoE model its
+    # top-k experts, i.e. the batch-1 active bytes) + attention over the context.
+    active_bytes = weights
+    params_per_token: float | None
+    try:
+        moe1 = _moe_bytes(ctx.model, 1) if moe is not None else None
+        if moe is not None and moe1 is not None:
+            active_bytes = weights - moe["active_expert_bytes"] + moe1["active_expert_bytes"]
+        params_per_token = active_bytes / next(ctx.model.parameters()).element_size()
+    except Exception as err:
+        report.warnings.append(f"compute ceiling skipped: {err}")
+        params_per_token = None
+    info.update(_ceilings(ctx))
     report.roofline = info
     bw = info.get("bandwidth_bytes_per_s")
     if not bw:
         return
+    peak = info.get("matmul_flops_per_s")
     for arm in report.arms:
         if not arm.ok or not arm.tokens_per_s.get("best"):
             continue
@@ -917,6 +1157,13 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
             # The capture-safe cache reads every slot it holds each step (sliding layers
             # only their window): per token of context, for the same formula.
             kv_arm = cache_bytes / (cfg.batch * context)
+        flops_per_token = None
+        if params_per_token:
+            try:
+                flops = attention_flops_per_token(ctx.model, context)
+                flops_per_token = 2.0 * params_per_token + flops
+            except Exception as err:
+                arm.warnings.append(f"{arm.name}: compute ceiling skipped: {err}")
         arm.roofline = roofline(
             weight_bytes=weights,
             kv_per_token=kv_arm,
@@ -924,7 +1171,27 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
             context_tokens=context,
             bandwidth=bw,
             measured_tok_s=arm.tokens_per_s["best"],
+            flops_per_token=flops_per_token,
+            flops_per_s=peak,
         )
+
+
+def _ceilings(ctx: _Ctx) -> dict[str, Any]:
+    """The measured bandwidth and matmul peak (the model's dtype), once per invocation:
+    a sweep's batches are judged against the same ceilings. Empty with --no-bandwidth."""
+    if ctx.ceilings or not ctx.config.measure_bandwidth:
+        return ctx.ceilings
+    measured = measure_bandwidth(ctx.device)
+    ctx.ceilings["bandwidth_bytes_per_s"] = measured["bytes_per_s"]
+    ctx.ceilings["bandwidth_method"] = measured["method"]
+    try:
+        peak = measure_matmul_peak(ctx.device, next(ctx.model.parameters()).dtype)
+    except Exception as err:  # the bandwidth ceiling still stands
+        ctx.ceilings["matmul_error"] = redact(f"{type(err).__name__}: {err}")
+    else:
+        ctx.ceilings["matmul_flops_per_s"] = peak["flops_per_s"]
+        ctx.ceilings["matmul_method"] = peak["method"]
+    return ctx.ceilings
 
 
 def _moe_bytes(model: Any, batch: int) -> dict[str, int] | None:
@@ -959,8 +1226,11 @@ def _load_context(
             f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
         ) from err
 
+    from .measure import RssPeak
+
     torch.manual_seed(config.seed)
     reset_peak_memory(device)
+    load_rss = RssPeak()  # CPU: the allocator keeps no peaks, the resident set does
     loaded = load_model(
         config.model_path,
         device=device,
@@ -983,8 +1253,10 @@ def _load_context(
         "parameters": sum(p.numel() for p in model.parameters()),
         "load_s": loaded.load_seconds,
         "load_memory": {
-            "peak_allocated": int(load_mem.peak_allocated),
-            "peak_reserved": int(load_mem.peak_reserved),
+            # None on CPU (no allocator counters there), as for the arms.
+            "peak_allocated": int(load_mem.peak_allocated) if device.type != "cpu" else None,
+            "peak_reserved": int(load_mem.peak_reserved) if device.type != "cpu" else None,
+            **load_rss.result(),
         },
     }
     eos = eos_token_ids(model, tokenizer)
@@ -994,6 +1266,7 @@ def _load_context(
     special |= set(getattr(tokenizer, "all_special_ids", []) or [])
     input_ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
     ctx = _Ctx(
+        special_ids=special,
         config=config,
         model=model,
         tokenizer=tokenizer,
@@ -1061,8 +1334,19 @@ class BenchSession:
                 arm.details["plugins"] = [p.name for p in plugins]
             regime = ctx.config.regime
             fn: Callable[[], Any]
+            if arm_name == PEER_ARM and regime not in PEER_REGIMES:
+                raise BadInputError(
+                    f"the {PEER_ARM} arm runs in the {' and '.join(PEER_REGIMES)} regimes only"
+                )
             if regime == "decode" and arm_name == "eager":
                 fn = lambda: _eager_generate(ctx)  # noqa: E731
+            elif regime == "decode" and arm_name == PEER_ARM:
+                from .peer import generate_kwargs
+
+                extra = generate_kwargs(_peer_config(ctx, arm))
+                fn = lambda: _eager_generate(ctx, extra)  # noqa: E731
+            elif regime == "prefill" and arm_name == PEER_ARM:
+                fn = _peer_prefill_fn(ctx, arm)
             elif regime == "decode":
                 fn = _graph_decode_iteration(ctx, arm)
             elif regime == "prefill" and arm_name == "eager":
@@ -1089,7 +1373,13 @@ class BenchSession:
                 with torch.inference_mode():
                     return fn()
 
-            yield run
+            try:
+                yield run
+            finally:
+                if arm_name == PEER_ARM:
+                    from .peer import forget_compiled_call
+
+                    forget_compiled_call(ctx.model)
             if plugins:
                 arm.details["plugin_reports"] = {p.name: p.report() for p in plugins}
 

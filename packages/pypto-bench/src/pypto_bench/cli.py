@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
@@ -30,8 +30,18 @@ OWN_LOGGERS = ("pypto_bench", "pypto_capture")
 _MODEL_FLAGS = ("model_path", "device", "dtype", "trust_remote_code", "attn_implementation")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one redacted line (the tool's error format)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT.USAGE,
+            f"pypto-bench: error: {redact(message)} (`{self.prog} --help` lists the flags)\n",
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pypto-bench", description=__doc__.splitlines()[0])
+    p = _Parser(prog="pypto-bench", description=__doc__.splitlines()[0])
     add_verbosity_flags(p, top=True)
     sub = p.add_subparsers(dest="command", required=True)
     env_defaults = {"model_path": os.environ.get("MODEL_PATH")}
@@ -230,6 +240,8 @@ def _compare(args: argparse.Namespace) -> int:
             return EXIT.USAGE
         check_report_path(args.plot)
     comp = compare(args.reports, force=args.force)
+    for warning in comp.warnings:
+        print(f"pypto-bench: warning: {redact(warning)}", file=sys.stderr)
     if args.json:
         print(json.dumps(comp.to_dict()))
     elif args.markdown:

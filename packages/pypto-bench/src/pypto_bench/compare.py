@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInputError, CompareMismatchError, EnvironmentMissingError
+from .noise import summary as noise_summary
 from .report import Report, load_report
 
 
@@ -43,6 +44,8 @@ class Comparison:
     rows: list[dict[str, Any]] = field(default_factory=list)
     forced: bool = False
     mismatches: list[str] = field(default_factory=list)
+    #: One line per report marked noisy by its noise guard (its ratios are unreliable).
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,22 +55,30 @@ class Comparison:
             "rows": self.rows,
             "forced": self.forced,
             "mismatches": self.mismatches,
+            "warnings": self.warnings,
         }
 
     def to_markdown(self) -> str:
-        head = "| report | arm | status | tok/s best | x first report | x eager |"
-        lines = [f"Regime: **{self.regime}**", "", head, "|---|---|---|---|---|---|"]
+        head = (
+            "| report | arm | status | tok/s best | x first report | x eager | peak MiB | noise |"
+        )
+        lines = [f"Regime: **{self.regime}**", "", head, "|---|---|---|---|---|---|---|---|"]
         for r in self.rows:
             lines.append(
                 f"| {r['report']} | {r['arm']} | {'ok' if r['ok'] else 'FAILED'} | "
-                f"{_f(r['best_tok_s'], '.1f')} | {_f(r['ratio_to_first'], '.2f')} | {_f(r['ratio_to_eager'], '.2f')} |"
+                f"{_f(r['best_tok_s'], '.1f')} | {_f(r['ratio_to_first'], '.2f')} | "
+                f"{_f(r['ratio_to_eager'], '.2f')} | {_peak(r)} | {_noise(r)} |"
             )
         if self.mismatches:
             lines += ["", *[f"- forced despite: {m}" for m in self.mismatches]]
+        if self.warnings:
+            lines += ["", *[f"- warning: {w}" for w in self.warnings]]
         return "\n".join(lines) + "\n"
 
     def to_text(self) -> str:
-        rows = [["report", "arm", "status", "tok/s best", "x first", "x eager"]]
+        rows = [
+            ["report", "arm", "status", "tok/s best", "x first", "x eager", "peak MiB", "noise"]
+        ]
         for r in self.rows:
             rows.append(
                 [
@@ -77,12 +88,39 @@ class Comparison:
                     _f(r["best_tok_s"], ".1f"),
                     _f(r["ratio_to_first"], ".2f"),
                     _f(r["ratio_to_eager"], ".2f"),
+                    _peak(r),
+                    _noise(r),
                 ]
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(6)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         return "\n".join(
             "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
         )
+
+
+def _peak(row: dict[str, Any]) -> str:
+    """ "<MiB> rss" (CPU: resident-set peak) or "<MiB> alloc" (allocator peak); "-" when
+    the report has no such figure (a CPU report before 1.2 recorded allocator zeros)."""
+    v = row.get("peak_memory_bytes")
+    return "-" if v is None else f"{v / 2**20:.1f} {row.get('peak_memory_kind')}"
+
+
+def _noise(row: dict[str, Any]) -> str:
+    return "UNRELIABLE" if row.get("unreliable") else "-"
+
+
+def peak_memory(data: dict[str, Any], arm: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(bytes, kind) of an arm's peak memory: ``rss`` on CPU, ``alloc`` on accelerators.
+
+    CPU reports before schema 1.2 carry allocator counters that were always 0 there and
+    no RSS: (None, None), never a 0 that reads as a measurement.
+    """
+    mem = arm.get("memory") or {}
+    if ((data.get("environment") or {}).get("device") or {}).get("type") == "cpu":
+        v = mem.get("rss_peak_bytes")
+        return (int(v), "rss") if v is not None else (None, None)
+    v = mem.get("peak_allocated")
+    return (int(v), "alloc") if v is not None else (None, None)
 
 
 def _f(v: Any, spec: str) -> str:
@@ -119,7 +157,11 @@ def compare(
         mismatches=mismatches,
     )
     for label, d in zip(labels, datas, strict=True):
+        line = noise_summary(d.get("noise"))
+        if line:
+            comp.warnings.append(f"report {label} is marked noisy ({line})")
         for arm in d["arms"]:
+            peak, kind = peak_memory(d, arm)
             best = arm["tokens_per_s"].get("best") if arm["ok"] else None
             base = first.get(arm["name"])
             base_best = base["tokens_per_s"].get("best") if base and base["ok"] else None
@@ -131,6 +173,9 @@ def compare(
                     "best_tok_s": best,
                     "ratio_to_first": (best / base_best) if best and base_best else None,
                     "ratio_to_eager": arm.get("ratio_to_eager"),
+                    "peak_memory_bytes": peak,
+                    "peak_memory_kind": kind,
+                    "unreliable": arm.get("unreliable"),
                 }
             )
     return comp

@@ -34,6 +34,11 @@ function torch_npu.npu.is_initialized                | torch_npu/npu/__init__.py
 module   torch_npu.npu.utils                         | torch_npu/npu/utils.py
 function torch_npu.npu.utils.get_cann_version        | torch_npu/npu/utils.py
 kwarg    torch_npu.npu.utils.get_cann_version module | torch_npu/npu/utils.py get_cann_version(module=)
+module   torchair                                    | torch_npu/dynamo/torchair/__init__.py (hf-compile arm on NPU)
+class    torchair.CompilerConfig                     | torchair/configs/compiler_config.py
+member   torchair.CompilerConfig.mode                | set in CompilerConfig.__init__ (max-autotune | reduce-overhead)
+function torchair.get_npu_backend                    | torchair/npu_fx_compiler.py, re-exported
+kwarg    torchair.get_npu_backend compiler_config    | get_npu_backend(*, compiler_config=None, ...)
 """
 
 NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_bench.environment")

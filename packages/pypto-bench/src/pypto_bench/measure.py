@@ -8,6 +8,7 @@ ratios compared different estimators).
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -227,6 +228,16 @@ def weight_bytes_read_per_step(model: Any) -> int:
     return total
 
 
+def attention_flops_per_token(model: Any, context_tokens: float) -> float:
+    """FLOPs one decoded token spends attending over ``context_tokens`` positions:
+    QK^T and AV, 2 x 2 x heads x head_dim per position, in every layer."""
+    cfg = _text_config(model)
+    layers = int(cfg.num_hidden_layers)
+    heads = int(getattr(cfg, "num_attention_heads", 1))
+    head_dim = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
+    return 4.0 * layers * heads * head_dim * float(context_tokens)
+
+
 def roofline(
     *,
     weight_bytes: int,
@@ -235,13 +246,100 @@ def roofline(
     context_tokens: float,
     bandwidth: float,
     measured_tok_s: float | None,
+    flops_per_token: float | None = None,
+    flops_per_s: float | None = None,
 ) -> dict[str, Any]:
-    """Decode ceiling: batch x bandwidth / (weights + batch x context x kv bytes)."""
+    """Decode ceilings and which binds.
+
+    Bandwidth: batch x bandwidth / (weights + batch x context x kv bytes), the bytes a
+    step reads. Compute (when ``flops_per_token`` and the measured matmul ``flops_per_s``
+    are given): flops_per_s / flops_per_token, i.e. a step of ``batch`` tokens costs
+    batch x flops_per_token. ``ceiling_tok_s`` is the lower one (``binding`` names it) and
+    ``fraction_of_ceiling`` is measured against it: large batches are judged against
+    compute, batch 1 against bandwidth.
+    """
     bytes_per_step = weight_bytes + batch * context_tokens * kv_per_token
-    ceiling = batch * bandwidth / bytes_per_step
-    return {
+    bw_ceiling = batch * bandwidth / bytes_per_step
+    out: dict[str, Any] = {
         "bytes_per_step": int(bytes_per_step),
         "context_tokens": context_tokens,
-        "ceiling_tok_s": ceiling,
-        "fraction_of_ceiling": (measured_tok_s / ceiling) if measured_tok_s else None,
+        "bandwidth_ceiling_tok_s": bw_ceiling,
+        "flops_per_step": None,
+        "compute_ceiling_tok_s": None,
     }
+    ceiling, binding = bw_ceiling, "bandwidth"
+    if flops_per_token and flops_per_s:
+        compute_ceiling = flops_per_s / flops_per_token
+        out["flops_per_step"] = batch * flops_per_token
+        out["compute_ceiling_tok_s"] = compute_ceiling
+        if compute_ceiling < bw_ceiling:
+            ceiling, binding = compute_ceiling, "compute"
+    out["ceiling_tok_s"] = ceiling
+    out["binding"] = binding
+    out["fraction_of_ceiling"] = (measured_tok_s / ceiling) if measured_tok_s else None
+    out["fraction_of_bandwidth_ceiling"] = (measured_tok_s / bw_ceiling) if measured_tok_s else None
+    cc = out["compute_ceiling_tok_s"]
+    out["fraction_of_compute_ceiling"] = (measured_tok_s / cc) if (measured_tok_s and cc) else None
+    return out
+
+
+RSS_METHOD = (
+    "Linux: '5' written to /proc/self/clear_refs before the arm resets the resident-set "
+    "high-water mark; VmHWM (peak) and VmRSS (now) read from /proc/self/status after it"
+)
+
+
+class RssPeak:
+    """The process's resident-memory peak over a span (CPU arms' memory figure).
+
+    CPU tensors come from the system allocator, which keeps no peak counters: torch's
+    allocator figures read 0 there, and a 0 looks like a measurement. The kernel tracks the
+    resident-set high-water mark (VmHWM) and lets a process reset it (clear_refs "5", Linux
+    4.0+), so each arm's peak is its own. Where that is impossible the figures are None and
+    ``unavailable`` says why; nothing is guessed.
+    """
+
+    def __init__(self) -> None:
+        self.unavailable: str | None = self._reset()
+
+    @staticmethod
+    def _reset() -> str | None:
+        if not sys.platform.startswith("linux"):
+            return f"not Linux ({sys.platform}): no resettable resident-memory peak"
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+                fh.write("5")
+        except OSError as err:
+            return f"/proc/self/clear_refs is not writable ({err.strerror or err})"
+        return None
+
+    def result(self) -> dict[str, Any]:
+        """``rss_peak_bytes``, ``rss_bytes``, ``rss_method`` and ``rss_unavailable``."""
+        peak = now = None
+        why = self.unavailable
+        if why is None:
+            try:
+                peak, now = read_rss()
+            except OSError as err:
+                why = f"/proc/self/status is not readable ({err.strerror or err})"
+            if why is None and peak is None:
+                why = "/proc/self/status has no VmHWM line"
+        return {
+            "rss_peak_bytes": peak if why is None else None,
+            "rss_bytes": now if why is None else None,
+            "rss_method": RSS_METHOD if why is None else None,
+            "rss_unavailable": why,
+        }
+
+
+def read_rss() -> tuple[int | None, int | None]:
+    """(VmHWM, VmRSS) of this process in bytes from /proc/self/status (None: no such line)."""
+    values: dict[str, int] = {}
+    with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    values[key] = int(parts[0]) * 1024  # the kernel writes kB
+    return values.get("VmHWM"), values.get("VmRSS")

@@ -28,7 +28,7 @@ from .errors import BadInputError, ReportPathError, ReportWriteError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -46,6 +46,9 @@ class ArmResult:
     ttft_s: dict[str, Any] | None = None
     tokens_per_iter: list[int] = field(default_factory=list)
     ratio_to_eager: float | None = None
+    #: Best tok/s over the hf-compile arm's (transformers' static cache + compile): how
+    #: this arm compares with the recipe a user would otherwise pick. None without it.
+    ratio_to_peer: float | None = None
     token_match: dict[str, Any] | None = None
     #: Why this arm's outputs are not the model's on purpose (e.g. the static MoE proxy);
     #: such an arm gets no token-match verdict. None: its outputs must equal eager's.
@@ -57,6 +60,9 @@ class ArmResult:
     bisect: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    #: Set by the noise guard (pypto_bench.noise) when this arm's timing verdicts cannot
+    #: be trusted: ``{"verdicts": ["tok/s", "x eager", "roofline %"], "why": "..."}``.
+    unreliable: dict[str, Any] | None = None
 
 
 @dataclass
@@ -73,6 +79,12 @@ class Report:
     arms: list[ArmResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     ok: bool = True
+    #: The noise guard's checks (pypto_bench.noise.noise_section); ``noise["noisy"]`` is
+    #: the report-level flag. None: not assessed (reports before 1.2).
+    noise: dict[str, Any] | None = None
+    #: ``--batch 1,8,32``: one entry per batch (tok/s per arm, the roofline against both
+    #: ceilings); None for a single batch.
+    batch_sweep: list[dict[str, Any]] | None = None
     #: Where ``run_bench`` actually wrote the report (the fallback path when the asked
     #: one failed); not part of the document.
     written_to: Path | None = field(default=None, compare=False, repr=False)
@@ -82,15 +94,24 @@ class Report:
 
     @property
     def failed_arms(self) -> list[str]:
-        return [a.name for a in self.arms if not a.ok]
+        """Failed arms; in a sweep, those of the other batches as ``"graph (batch 8)"``."""
+        failed = [a.name for a in self.arms if not a.ok]
+        for entry in (self.batch_sweep or [])[1:]:
+            failed += [
+                f"{a['name']} (batch {entry['batch']})" for a in entry["arms"] if not a["ok"]
+            ]
+        return failed
 
     def finish(self) -> None:
         """Ratios to eager and the overall verdict (any failed arm -> not ok)."""
         eager = self.arm("eager")
         base = eager.tokens_per_s.get("best") if eager and eager.ok else None
+        peer = self.arm("hf-compile")
+        peer_base = peer.tokens_per_s.get("best") if peer and peer.ok else None
         for arm in self.arms:
             best = arm.tokens_per_s.get("best")
             arm.ratio_to_eager = (best / base) if (base and best and arm.ok) else None
+            arm.ratio_to_peer = (best / peer_base) if (peer_base and best and arm.ok) else None
         self.ok = not self.failed_arms
 
     def to_dict(self) -> dict[str, Any]:
@@ -331,6 +352,40 @@ def _mib(v: Any) -> str:
     return "-" if v is None else f"{v / 2**20:.1f}"
 
 
+def _host_memory(data: dict[str, Any]) -> bool:
+    """CPU reports show the resident-set peak: allocator counters do not exist there."""
+    return ((data.get("environment") or {}).get("device") or {}).get("type") == "cpu"
+
+
+def _memory_cells(data: dict[str, Any], mem: dict[str, Any]) -> list[str]:
+    """RSS peak / RSS after on CPU ("-" when unmeasured, never an allocator 0), else the
+    allocator's peak allocated / reserved."""
+    if _host_memory(data):
+        return [_mib(mem.get("rss_peak_bytes")), _mib(mem.get("rss_bytes"))]
+    return [_mib(mem.get("peak_allocated")), _mib(mem.get("peak_reserved"))]
+
+
+def _memory_note(data: dict[str, Any]) -> str | None:
+    """Why a CPU report's RSS columns show "-" (the reason recorded per arm)."""
+    if not _host_memory(data):
+        return None
+    reasons = sorted(
+        {
+            str((a.get("memory") or {}).get("rss_unavailable"))
+            for a in data["arms"]
+            if (a.get("memory") or {}).get("rss_unavailable")
+        }
+    )
+    return f"memory: resident-set peak not measured: {'; '.join(reasons)}" if reasons else None
+
+
+def headers(data: dict[str, Any]) -> list[str]:
+    """The arm table's columns; the memory ones name what was measured on this device."""
+    if not _host_memory(data):
+        return list(HEADERS)
+    return [CPU_MEMORY_HEADERS.get(h, h) for h in HEADERS]
+
+
 def _rows(data: dict[str, Any]) -> list[list[str]]:
     rows = []
     for arm in data["arms"]:
@@ -350,15 +405,105 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
                 _fmt(tps.get("stdev")),
                 _fmt(ttft * 1000 if ttft is not None else None, ".2f"),
                 _fmt(arm.get("ratio_to_eager"), ".2f"),
+                _fmt(arm.get("ratio_to_peer"), ".2f"),
                 "by design"
                 if by_design
                 else _fmt(match * 100 if match is not None else None, ".1f"),
-                _mib(mem.get("peak_allocated")),
-                _mib(mem.get("peak_reserved")),
+                *_memory_cells(data, mem),
                 _fmt(roof * 100 if roof is not None else None, ".1f"),
+                _noise_cell(data, arm),
             ]
         )
     return rows
+
+
+def _noise_cell(data: dict[str, Any], arm: dict[str, Any]) -> str:
+    """UNRELIABLE (the noise guard marked this arm), ok, or - (not assessed: older report)."""
+    if arm.get("unreliable"):
+        return "UNRELIABLE"
+    return "-" if data.get("noise") is None else "ok"
+
+
+def _noise_lines(data: dict[str, Any]) -> list[str]:
+    """ "<arm>: UNRELIABLE <verdicts>: <why>" per marked arm, then the run's summary."""
+    from .noise import summary
+
+    lines = []
+    for arm in data["arms"]:
+        mark = arm.get("unreliable")
+        if mark:
+            lines.append(
+                f"{arm['name']}: UNRELIABLE {', '.join(mark.get('verdicts') or [])}: "
+                f"{mark.get('why')}"
+            )
+    line = summary(data.get("noise"))
+    if line:
+        lines.append(f"NOISE: {line}")
+    return lines
+
+
+SWEEP_HEADERS = [
+    "batch",
+    "arm",
+    "status",
+    "tok/s best",
+    "median",
+    "x eager",
+    "MiB/step",
+    "GFLOP/step",
+    "BW ceiling tok/s",
+    "compute ceiling tok/s",
+    "binds",
+    "% of ceiling",
+    "noise",
+]
+
+
+def _sweep_rows(data: dict[str, Any]) -> list[list[str]]:
+    """One row per (batch, arm) of a ``--batch 1,8,32`` sweep; empty without one."""
+    rows = []
+    for entry in data.get("batch_sweep") or []:
+        for arm in entry["arms"]:
+            tps = arm.get("tokens_per_s") or {}
+            roof = arm.get("roofline") or {}
+            flops = roof.get("flops_per_step")
+            share = roof.get("fraction_of_ceiling")
+            rows.append(
+                [
+                    str(entry["batch"]),
+                    arm["name"],
+                    "ok" if arm["ok"] else "FAILED",
+                    _fmt(tps.get("best")),
+                    _fmt(tps.get("median")),
+                    _fmt(arm.get("ratio_to_eager"), ".2f"),
+                    _mib(roof.get("bytes_per_step")),
+                    _fmt(flops / 1e9 if flops is not None else None, ".3g"),
+                    _fmt(roof.get("bandwidth_ceiling_tok_s")),
+                    _fmt(roof.get("compute_ceiling_tok_s")),
+                    str(roof.get("binding") or "-"),
+                    _fmt(share * 100 if share is not None else None, ".1f"),
+                    "UNRELIABLE" if arm.get("unreliable") else "ok",
+                ]
+            )
+    return rows
+
+
+def _sweep_lines(data: dict[str, Any]) -> list[str]:
+    rows = _sweep_rows(data)
+    if not rows:
+        return []
+    table = [SWEEP_HEADERS, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(SWEEP_HEADERS))]
+    lines = ["", "batch sweep (the roofline against both ceilings; binds = the lower one):"]
+    lines += [
+        "  ".join(
+            c.rjust(w) if i > 1 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in table
+    ]
+    lines.insert(3, "  ".join("-" * w for w in widths))
+    return lines
 
 
 HEADERS = [
@@ -370,11 +515,17 @@ HEADERS = [
     "stdev",
     "ttft ms",
     "x eager",
+    "x hf-compile",
     "match %",
     "peak alloc MiB",
     "peak rsv MiB",
     "roofline %",
+    "noise",
 ]
+
+#: On CPU the memory columns are the process's resident set (``memory.rss_peak_bytes``,
+#: ``memory.rss_bytes``), not allocator counters.
+CPU_MEMORY_HEADERS = {"peak alloc MiB": "peak RSS MiB", "peak rsv MiB": "RSS after MiB"}
 
 
 DIFFUSION_HEADERS = [
@@ -417,8 +568,9 @@ def _diffusion_rows(data: dict[str, Any]) -> list[list[str]]:
 def format_table(report: Report | dict[str, Any]) -> str:
     """Plain-text table for the terminal."""
     data = _as_dict(report)
-    rows = [HEADERS, *_rows(data)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    head = headers(data)
+    rows = [head, *_rows(data)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [
         "  ".join(
             c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
@@ -431,6 +583,10 @@ def format_table(report: Report | dict[str, Any]) -> str:
             f"{row[0]}: {row[1]}; tok/forward {row[2]}, forwards/s {row[3]} (medians); "
             f"denoising steps {row[4]}, forward passes {row[5]}, steps per block [{row[6]}]"
         )
+    lines += _noise_lines(data)
+    note = _memory_note(data)
+    if note:
+        lines.append(note)
     for arm in data["arms"]:
         line = _kv_cache_line(arm)
         if line:
@@ -448,6 +604,7 @@ def format_table(report: Report | dict[str, Any]) -> str:
             stage = (arm.get("bisect") or {}).get("failed_stage")
             if stage:
                 lines.append(f"  bisect: first failing stage {stage}")
+    lines += _sweep_lines(data)
     return "\n".join(lines)
 
 
@@ -482,7 +639,7 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
         + (f", CANN {versions['cann']}" if versions.get("cann") else "")
         + f"; host `{env.get('host')}`",
         "",
-        "| " + " | ".join(HEADERS) + " |",
+        "| " + " | ".join(headers(data)) + " |",
         "|" + "|".join("---" for _ in HEADERS) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in _rows(data)]
@@ -500,8 +657,27 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             "",
             f"Roofline: measured bandwidth {roof['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
             f"weights {roof['weight_bytes'] / 2**20:.1f} MiB read per step, "
-            f"KV {roof['kv_bytes_per_token']} B/token.",
+            f"KV {roof['kv_bytes_per_token']} B/token"
+            + (
+                f", measured matmul peak {roof['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s."
+                if roof.get("matmul_flops_per_s")
+                else "."
+            ),
         ]
+    sweep = _sweep_rows(data)
+    if sweep:
+        lines += [
+            "",
+            "Batch sweep (decode roofline against both ceilings; binds = the lower one):",
+            "",
+            "| " + " | ".join(SWEEP_HEADERS) + " |",
+            "|" + "|".join("---" for _ in SWEEP_HEADERS) + "|",
+        ]
+        lines += ["| " + " | ".join(r) + " |" for r in sweep]
+    lines += _noise_markdown(data)
+    note = _memory_note(data)
+    if note:
+        lines.append(f"\n- {note}")
     for arm in data["arms"]:
         line = _kv_cache_line(arm)
         if line:
@@ -520,3 +696,29 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
     for w in warnings:
         lines.append(f"- warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def _noise_markdown(data: dict[str, Any]) -> list[str]:
+    """The noise guard's verdict: UNRELIABLE lines and, for a noisy run, every check."""
+    noise = data.get("noise")
+    if not noise:
+        return []
+    lines = [""]
+    for line in _noise_lines(data):
+        # The run's summary is also a report warning, listed at the end.
+        if not line.startswith("NOISE: "):
+            lines.append(f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}")
+    if not noise.get("noisy"):
+        lines.append("Noise guard: no condition held (spread, roofline share, machine load).")
+        return lines
+    lines += [
+        "",
+        "| condition | where | measure | value | threshold | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in noise.get("checks", []):
+        lines.append(
+            f"| {c['name']} | {c['where']} | {c['measure']} | {_fmt(c.get('value'), '.2f')} | "
+            f"{c['threshold']:g} | {'HOLDS' if c['holds'] else 'ok'} |"
+        )
+    return lines

@@ -12,6 +12,7 @@ from .backends import (
     CompileBackend,
     DeviceGraphBackend,
     EagerBackend,
+    FusedBackend,
     GraphBackend,
     ReplayResult,
     capture_and_replay,
@@ -20,7 +21,7 @@ from .backends import (
 )
 from .bisect import STAGES, BisectResult, bisect_capture
 from .cache import capture_safe_cache_class, make_capture_safe_cache
-from .decode import STEP_MARKER, DecodeStepRunner
+from .decode import AUTOTUNE_MIN_WEIGHT_BYTES, STEP_MARKER, DecodeStepRunner, default_compile_mode
 from .device import (
     MemoryStats,
     device_name,
@@ -58,6 +59,7 @@ from .moe_exact import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTOTUNE_MIN_WEIGHT_BYTES",
     "BACKENDS",
     "KNOWN_CAUSES",
     "MOE_ROUTINGS",
@@ -74,6 +76,7 @@ __all__ = [
     "DeviceNotAvailableError",
     "EagerBackend",
     "ExpertsInfo",
+    "FusedBackend",
     "GraphBackend",
     "InvalidDeviceSpecError",
     "MemoryStats",
@@ -91,6 +94,7 @@ __all__ = [
     "bisect_capture",
     "capture_and_replay",
     "capture_safe_cache_class",
+    "default_compile_mode",
     "device_name",
     "exact_experts_forward",
     "explain_capture_error",

@@ -10,6 +10,16 @@ buffers) into something replayable:
 - ``compile``: ``torch.compile(fullgraph=True, dynamic=False)``. It is the backend that
   runs on CPU, so tests exercise the same "one graph, fixed shapes" contract there: a
   graph break is a capture failure with a reason, like a capture error on a device.
+- ``fused``: compile, then capture (the gpt-fast approach). A captured eager step
+  replays the eager step's many small kernels, so a batch-1 decode stays launch/latency
+  bound; inductor first fuses them into fewer, larger kernels and the device graph then
+  removes the launches. CUDA: ``torch.compile`` (fullgraph, static shapes, no CUDA graphs
+  of its own) warmed up on the side stream, then the *compiled* step captured manually in
+  a CUDA graph. NPU: torchair's NPU backend in ``reduce-overhead`` mode (torchair captures
+  the compiled graph into an NPU graph itself). CPU has no device graphs: the compiled
+  step is the whole backend there, the same code path up to the capture stage, which is
+  how the CPU tests exercise it. ``auto`` picks ``fused`` on CUDA and falls back to plain
+  ``cudagraph`` (logged, with the reason in ``fallback_reason``) when compiling fails.
 - ``eager``: no capture at all; the same step, as a baseline.
 """
 
@@ -47,6 +57,7 @@ __all__ = [
     "CompileBackend",
     "DeviceGraphBackend",
     "EagerBackend",
+    "FusedBackend",
     "GraphBackend",
     "ReplayResult",
     "capture_and_replay",
@@ -54,7 +65,7 @@ __all__ = [
     "resolve_backend_name",
 ]
 
-BACKENDS = ("auto", "npugraph", "cudagraph", "compile", "eager")
+BACKENDS = ("auto", "npugraph", "cudagraph", "compile", "fused", "eager")
 
 
 class CapturedStep(ABC):
@@ -227,12 +238,107 @@ class CompileBackend(GraphBackend):
         return _CompiledStep(compiled, self, out)
 
 
+class _CompiledReplay(CapturedStep):
+    """The CPU form of a fused step: no device graph exists, the compiled step replays."""
+
+    def __init__(self, inner: CapturedStep):
+        self.inner = inner
+        self.output = inner.output
+
+    def replay(self) -> Any:
+        self.output = self.inner.replay()
+        return self.output
+
+
+class FusedBackend(GraphBackend):
+    """Compile the step with inductor, then capture the compiled step in a device graph.
+
+    ``stages`` says what ran (``("compile", "cudagraph")`` on CUDA, ``("torchair
+    reduce-overhead",)`` on NPU, ``("compile",)`` on CPU). With ``fallback`` (what
+    ``auto`` asks for on CUDA) a failed compile stage is logged and the plain step is
+    captured instead; ``fallback_reason`` then says why and ``stages`` is
+    ``("cudagraph",)``: the report names what really ran.
+    """
+
+    name = "fused"
+
+    def __init__(
+        self,
+        device: torch.device,
+        mode: str | None = None,
+        freezing: bool | None = None,
+        *,
+        fallback: bool = False,
+        graph_stage: GraphBackend | None = None,
+    ):
+        super().__init__(device)
+        self.mode = mode
+        self.compiler = CompileBackend(device, mode=mode, freezing=freezing)
+        self.fallback = fallback
+        self.fallback_reason: str | None = None
+        # The capture stage: a CUDA graph on CUDA, none on CPU (``graph_stage`` replaces it,
+        # which is how the CPU tests drive the fallback path).
+        self._graph = graph_stage
+        if graph_stage is None and device.type == "cuda":
+            self._graph = DeviceGraphBackend(device, "cudagraph")
+        self.stages: tuple[str, ...] = (
+            ("torchair reduce-overhead",)
+            if device.type == "npu"
+            else ("compile",) + ((self._graph.name,) if self._graph is not None else ())
+        )
+
+    @property
+    def label(self) -> str:
+        """What ran, for reports: ``fused (compile+cudagraph)``."""
+        return f"{self.name} ({'+'.join(self.stages)})"
+
+    def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
+        if self.device.type == "npu":
+            return self._capture_npu(fn, warmup)
+        try:
+            compiled = self.compiler.capture(fn, warmup=warmup)
+        except CaptureFailedError as err:
+            if not (self.fallback and self._graph is not None):
+                raise
+            self.fallback_reason = f"compile stage failed, captured the plain step: {err}"
+            log.warning("fused backend: %s", self.fallback_reason)
+            self.stages = (self._graph.name,)
+            return self._graph.capture(fn, warmup=warmup)
+        if self._graph is None:
+            return _CompiledReplay(compiled)
+        # The compiled step was traced and warmed by the compile stage; the graph stage
+        # warms it once more on its side stream and records its kernels.
+        assert isinstance(compiled, _CompiledStep)
+        return self._graph.capture(compiled.compiled, warmup=1)
+
+    def _capture_npu(self, fn: Callable[[], Any], warmup: int) -> CapturedStep:
+        """torchair compiles and captures (NPU graph) in one: its reduce-overhead mode."""
+        from .npu_names import NPU
+
+        try:
+            config = NPU.resolve("torchair.CompilerConfig")()
+            config.mode = "reduce-overhead"
+            backend = NPU.resolve("torchair.get_npu_backend")(
+                **NPU.kwargs("torchair.get_npu_backend", compiler_config=config)
+            )
+            compiled = torch.compile(
+                _fresh_function(fn), backend=backend, fullgraph=True, dynamic=False
+            )
+            out = None
+            for _ in range(max(1, warmup)):
+                out = compiled()
+            synchronize(self.device)
+        except Exception as err:
+            raise self._fail(err) from err
+        return _CompiledStep(compiled, self.compiler, out)
+
+
 def resolve_backend_name(backend: str, device: torch.device) -> str:
-    """``auto`` -> npugraph on NPU, cudagraph on CUDA, compile on CPU; checks the pairing."""
+    """``auto`` -> npugraph on NPU, fused on CUDA, compile on CPU; checks the pairing."""
     if backend not in BACKENDS:
         raise PyptoCaptureError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return {"npu": "npugraph", "cuda": "cudagraph"}.get(device.type, "compile")
+        return {"npu": "npugraph", "cuda": "fused"}.get(device.type, "compile")
     want = {"npugraph": "npu", "cudagraph": "cuda"}.get(backend)
     if want is not None and device.type != want:
         raise DeviceNotAvailableError(
@@ -251,6 +357,13 @@ def make_backend(
     if name == "compile":
         return CompileBackend(
             dev, mode=options.get("compile_mode"), freezing=options.get("freezing")
+        )
+    if name == "fused":
+        return FusedBackend(
+            dev,
+            mode=options.get("compile_mode"),
+            freezing=options.get("freezing"),
+            fallback=backend == "auto",
         )
     if name == "eager":
         return EagerBackend(dev)
@@ -299,4 +412,5 @@ def capture_and_replay(
         out = step.replay()
         synchronize(be.device)
         times.append(time.perf_counter() - t)
-    return ReplayResult(output=out, times_s=times, backend=be.name, capture_s=capture_s)
+    label = str(getattr(be, "label", be.name))  # a fused backend names its stages
+    return ReplayResult(output=out, times_s=times, backend=label, capture_s=capture_s)

@@ -23,7 +23,30 @@ from .mitigations import apply_capture_mitigations
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DecodeStepRunner"]
+__all__ = ["AUTOTUNE_MIN_WEIGHT_BYTES", "DecodeStepRunner", "default_compile_mode"]
+
+#: On CPU a decode step of a model this large (weights read per step) is bandwidth-bound
+#: GEMVs, where inductor's autotuned CPU GEMM micro-kernels beat the library GEMMs (0.5B
+#: fp32 on 2 cores: 79% -> 96% of the bandwidth ceiling) for a one-off capture cost of
+#: tens of seconds. Below it (tiny test models) launch overhead dominates and autotuning
+#: only costs capture time.
+AUTOTUNE_MIN_WEIGHT_BYTES = 256 * 2**20
+
+
+def default_compile_mode(model: torch.nn.Module, device: torch.device) -> tuple[str | None, str]:
+    """The compile mode a decode capture uses when none was asked for, and why."""
+    if device.type != "cpu":
+        return None, "inductor's default (not CPU)"
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if weights >= AUTOTUNE_MIN_WEIGHT_BYTES:
+        return "max-autotune-no-cudagraphs", (
+            f"CPU and {weights / 2**20:.0f} MiB of weights >= "
+            f"{AUTOTUNE_MIN_WEIGHT_BYTES // 2**20} MiB: autotuned GEMV kernels"
+        )
+    return None, (
+        f"inductor's default: {weights / 2**20:.1f} MiB of weights < "
+        f"{AUTOTUNE_MIN_WEIGHT_BYTES // 2**20} MiB (launch-bound; autotuning would only cost capture time)"
+    )
 
 
 #: Name of the profiler range around each replayed decode step (only under a profiler).
@@ -33,8 +56,8 @@ STEP_MARKER = "pypto_capture::step"
 class DecodeStepRunner:
     """Greedy decoding with a captured one-token step (see the module docstring).
 
-    ``backend``: "auto" (npugraph on NPU, cudagraph on CUDA, compile on CPU), "npugraph",
-    "cudagraph", "compile", or "eager" (the same static-cache step without capture, the
+    ``backend``: "auto" (npugraph on NPU, fused on CUDA, compile on CPU), "npugraph",
+    "cudagraph", "compile", "fused" (compile, then capture the compiled step), or "eager" (the same static-cache step without capture, the
     baseline). Prefill runs eagerly through the model's own cache path (bit-identical to
     ``generate``'s prefill) and its keys/values are copied into the capture-safe cache.
     """
@@ -67,6 +90,11 @@ class DecodeStepRunner:
         self.batch_size = batch_size
         self.max_cache_len = max_cache_len
         self.warmup = warmup
+        if compile_mode is None and not isinstance(backend, GraphBackend):
+            compile_mode, self.compile_mode_reason = default_compile_mode(model, dev)
+        else:
+            self.compile_mode_reason = "asked for" if compile_mode else "the backend's own"
+        self.compile_mode = compile_mode
         self.backend = (
             backend
             if isinstance(backend, GraphBackend)
@@ -75,7 +103,9 @@ class DecodeStepRunner:
         # NPU graphs need eager attention, prebuilt masks and rotary tables; elsewhere the
         # explicit 4D mask and device-side positions already keep the step capture-safe.
         if mitigations is None:
-            mitigations = self.backend.name == "npugraph"
+            mitigations = self.backend.name == "npugraph" or (
+                self.backend.name == "fused" and dev.type == "npu"
+            )
         self.mitigations = (
             apply_capture_mitigations(model, attn="switch", max_positions=max(max_cache_len, 1))
             if mitigations
@@ -93,7 +123,9 @@ class DecodeStepRunner:
 
     @property
     def backend_name(self) -> str:
-        return self.backend.name
+        """What captures the step; a fused backend names its stages (``fused (compile+cudagraph)``),
+        which are final once :meth:`capture` ran (``auto`` may fall back to ``cudagraph``)."""
+        return str(getattr(self.backend, "label", self.backend.name))
 
     @property
     def captured(self) -> bool:

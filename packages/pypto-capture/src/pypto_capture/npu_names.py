@@ -45,6 +45,11 @@ class    torch_npu.npu.graph                            | G (a context manager c
 kwarg    torch_npu.npu.graph pool stream                | G graph.__init__
 kwarg    torch_npu.npu.graph auto_dispatch_capture @>=2.5.1.post1
                                                         | G graph.__init__; absent in 2.5.1
+module   torchair                                       | torch_npu/dynamo/torchair (fused backend)
+class    torchair.CompilerConfig                        | torchair/configs/compiler_config.py
+member   torchair.CompilerConfig.mode                   | set in CompilerConfig.__init__
+function torchair.get_npu_backend                       | torchair/npu_fx_compiler.py, re-exported
+kwarg    torchair.get_npu_backend compiler_config       | get_npu_backend(*, compiler_config=None)
 """
 
 _ROW = re.compile(r"^(module|class|function|method|member|kwarg)\s+(\S+)([^|@]*)")

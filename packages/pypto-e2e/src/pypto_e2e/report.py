@@ -53,6 +53,12 @@ def render_markdown(
             "- fused kernels (pypto+graph vs graph, same run): "
             + (f"{ratio:.3f}x" if ratio is not None else "not available (an arm failed)")
         )
+    if "hf-compile" in config.effective_arms:
+        ratio = arm_ratio(data, "graph", "hf-compile")
+        lines.append(
+            "- graph vs hf-compile (transformers' static cache + torch.compile, same run): "
+            + (f"{ratio:.3f}x" if ratio is not None else "not available (an arm failed)")
+        )
     if bench_json is not None:
         lines.append(f"- bench JSON: `{bench_json}`")
     lines += ["", report_to_markdown(data)]

@@ -251,6 +251,9 @@ def worker_main(builder: str, install_hint: str = sim.INSTALL_HINT) -> int:
     log_dir = Path(os.environ["ASCEND_PROCESS_LOG_PATH"])
     offsets: dict[Path, int] = {}
     try:
+        # Before the builder's module runs: one that imports pypto at import time would
+        # otherwise load it without the quiet config (swim-lane PNGs on every call).
+        sim.prepare_environment()
         build = resolve_builder(builder)
         bk = cost_backend(install_hint)
     except (SimUnavailableError, ImportError, AttributeError, ValueError) as err:

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -68,6 +69,13 @@ def prepare_environment() -> Path:
     PyPTO reads these when its libraries load, so this must run before the first
     ``import pypto``; values the user already set win.
     """
+    if "pypto" in sys.modules and "TILEFWK_CONFIG_PATH" not in os.environ:
+        # Loaded without any config of ours: said once (the variable is set below).
+        log.warning(
+            "pypto was imported before pypto_kernels_common.sim.prepare_environment(): its "
+            "quiet cost-model config cannot take effect now (small SIM calls will draw "
+            "swim-lane PNGs); call prepare_environment() before the first import of pypto"
+        )
     root = cache_root()
     run = use_run_folders(root / "run")
     if "TILEFWK_CONFIG_PATH" not in os.environ:

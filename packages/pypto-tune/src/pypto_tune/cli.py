@@ -177,6 +177,11 @@ def _profile(args: argparse.Namespace, command_line: list[str]) -> int:
     thresholds = _parse_thresholds(args.threshold)
     out = _check_out(args.out)
     config = bench_config_from_args(args, arms=(args.arm,), command_line=command_line)
+    if config.batches:
+        raise BadInputError(
+            f"--batch {','.join(map(str, config.batches))}: a profile is of one batch size; "
+            "profile each batch apart (--batch N)"
+        )
 
     def progress(msg: str) -> None:
         if not args.quiet:
