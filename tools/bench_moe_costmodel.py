@@ -18,7 +18,17 @@ package defaults only); the search is printed. Expert weights are stacked with 1
 experts in the simulated calls: the grouped kernel reads only the selected ones, so
 the count does not change its cycles.
 
+Prefill (``--mode prefill``, 512 tokens, top-8, package default tiles): the
+expert-major kernel (one launch; rows grouped by expert, each expert's weights read
+once per row tile) vs the token-major grouped kernel (one launch, every token reads
+its k experts) vs the per-expert loop (one launch per hit expert over its rows) vs dense
+(every expert over every token). Routing is round-robin (every expert gets
+tokens x k / experts rows, a balanced router's mean). MiniMax-M2 runs reduced (64
+stacked experts, 128 tokens: the same 16 rows per expert; 256 experts' zeros are 7 GB),
+marked in the table.
+
     python tools/bench_moe_costmodel.py [--json] [--no-search] [--models minimax_m2,llada2_mini]
+    python tools/bench_moe_costmodel.py --mode prefill [--models ...]
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from typing import Any
 from pypto_kernels_common import sim as pypto_sim
 from pypto_kernels_common.costmodel import cube_fits
 from pypto_kernels_moe.costmodel import MoESimulator
-from pypto_kernels_moe.kernels import GROUPED_TILES, Tiles
+from pypto_kernels_moe.kernels import EXPERT_MAJOR_TILES, GROUPED_TILES, Tiles
 from pypto_kernels_moe.package import INSTALL_HINT
 
 MODELS = {
@@ -86,6 +96,8 @@ def main() -> int:
     ap.add_argument("--no-search", action="store_true", help="package default tiles only")
     ap.add_argument("--models", default=",".join(MODELS), help="comma list of " + ", ".join(MODELS))
     ap.add_argument("--tokens", type=int, default=1, help="decode batch (default 1)")
+    ap.add_argument("--mode", choices=("decode", "prefill"), default="decode")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per simulated call")
     args = ap.parse_args()
     names = [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in MODELS]
@@ -99,6 +111,8 @@ def main() -> int:
     if reason:
         print(f"bench_moe_costmodel: {reason}", file=sys.stderr)
         return 3
+    if args.mode == "prefill":
+        return prefill(names, args.json, args.timeout)
     rows = []
     with MoESimulator(timeout_s=600) as sim:
         for name in names:
@@ -164,6 +178,82 @@ def main() -> int:
     print(
         "\nPyPTO 0.2.0 cost model (SIM), bf16; a relative signal at fixed shapes, not an NPU time."
     )
+    return 0
+
+
+#: Prefill shapes simulated: (tokens, stacked experts, note); full size where it fits.
+PREFILL = {
+    "minimax_m2": (128, 64, "reduced: 128 tok x 64 experts (16 rows/expert, as at 512 x 256)"),
+    "llada2_mini": (512, 256, "full"),
+}
+
+
+def _one(sim: MoESimulator, kernel: str, shape: dict[str, int]) -> float | None:
+    tiles = EXPERT_MAJOR_TILES if kernel == "expert_major" else GROUPED_TILES
+    r = sim.simulate(kernel, shape, "bf16", tiles)
+    print(
+        f"  {kernel:12s} {shape} "
+        + (f"{r.sim_us:10.1f} us ({r.wall_s:.0f} s)" if r.ok else f"failed: {r.error}"),
+        file=sys.stderr,
+    )
+    return r.sim_us if r.ok else None
+
+
+def prefill(names: list[str], as_json: bool, timeout: float) -> int:
+    rows = []
+    with MoESimulator(timeout_s=timeout) as sim:
+        for name in names:
+            m = MODELS[name]
+            h, i, k = m["hidden"], m["inter"], m["top_k"]
+            n, e, note = PREFILL[name]
+            per = n * k // e
+            print(f"{name}: prefill {n} tokens, top-{k} of {e}, {per} rows/expert", file=sys.stderr)
+            em = _one(
+                sim,
+                "expert_major",
+                {"tokens": n, "top_k": k, "hidden": h, "inter": i, "experts": e},
+            )
+            one = _one(sim, "per_expert", {"rows": per, "hidden": h, "inter": i})
+            full = _one(sim, "per_expert", {"rows": n, "hidden": h, "inter": i})
+            tm = _one(
+                sim, "grouped", {"tokens": n, "top_k": k, "hidden": h, "inter": i, "experts": 16}
+            )
+            rows.append(
+                {
+                    "model": name,
+                    "shape": note,
+                    "tokens": n,
+                    "experts": e,
+                    "expert_major_us": em,
+                    "token_major_us": tm,
+                    "per_expert_loop_us": None if one is None else e * one,
+                    "dense_us": None if full is None else e * full,
+                }
+            )
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+
+    def f(v: float | None) -> str:
+        return "failed" if v is None else f"{v:.1f} us"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if a is None or b is None else f"{a / b:.2f}x"
+
+    print(
+        "| model | prefill shape | expert-major (1 launch) | token-major grouped (1 launch) "
+        "| per-expert loop (E launches) | dense (E launches) | token-major / expert-major "
+        "| loop / expert-major |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        em = r["expert_major_us"]
+        print(
+            f"| {r['model']} | {r['shape']} | {f(em)} | {f(r['token_major_us'])} "
+            f"| {f(r['per_expert_loop_us'])} | {f(r['dense_us'])} "
+            f"| {ratio(r['token_major_us'], em)} | {ratio(r['per_expert_loop_us'], em)} |"
+        )
+    print("\nPyPTO 0.2.0 cost model (SIM), bf16, top-8; a relative signal, not an NPU time.")
     return 0
 
 

@@ -14,6 +14,12 @@ from pypto_kernels_common import sim
 sys.path.insert(0, str(Path(__file__).parent))
 
 sim.use_run_folders(Path(tempfile.mkdtemp(prefix="pypto-moe-tests-")))
+# Before anything imports pypto (pytest.importorskip("pypto") does): PyPTO reads
+# TILEFWK_CONFIG_PATH once, when its libraries load. Without the shim's quiet config
+# the cost model keeps its default Model.drawPngThresholdCycle (500000) and every SIM
+# call under that many cycles runs three matplotlib swim-lane scripts (seconds to a
+# minute each).
+sim.prepare_environment()
 
 
 @pytest.fixture(autouse=True)

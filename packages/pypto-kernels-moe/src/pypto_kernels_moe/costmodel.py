@@ -24,11 +24,12 @@ from .package import INSTALL_HINT
 
 __all__ = ["BUILDER", "KERNELS", "MoESimulator", "build_call", "check_shape"]
 
-KERNELS = ("grouped", "per_expert")
+KERNELS = ("grouped", "per_expert", "expert_major")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _SHAPE_KEYS = {
     "grouped": ("tokens", "top_k", "hidden", "inter"),
     "per_expert": ("rows", "hidden", "inter"),
+    "expert_major": ("tokens", "top_k", "hidden", "inter", "experts"),
 }
 
 
@@ -67,6 +68,23 @@ def build_call(
             torch.empty(n, h, dtype=dt),
         )
         return fn, args
+    if kernel == "expert_major":
+        # Round-robin routing: every expert gets tokens * k / experts rows, the mean of a
+        # balanced router (cycles depend on the row counts, not on the values).
+        from .reference import expert_major_grouping
+
+        n, k, e = shape["tokens"], shape["top_k"], shape["experts"]
+        ids = (torch.arange(n * k) % e).view(n, k)
+        g = expert_major_grouping(torch.zeros(n, h, dtype=dt), ids, torch.zeros(n, k), e)
+        fn = kernels.expert_major_kernel(bk, h, i, e, dt, "silu", 1.702, 7.0, t)
+        return fn, (
+            g.xs,
+            g.ws,
+            g.offsets,
+            torch.zeros(e, 2 * i, h, dtype=dt),
+            torch.zeros(e, h, i, dtype=dt),
+            torch.empty_like(g.xs),
+        )
     rows = shape["rows"]
     fn = kernels.per_expert_kernel(bk, h, i, dt, t)
     args = (

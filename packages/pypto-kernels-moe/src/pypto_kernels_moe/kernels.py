@@ -33,9 +33,13 @@ from .package import PACKAGE
 
 __all__ = [
     "ACTIVATIONS",
+    "EXPERT_MAJOR_TILES",
+    "EXPERT_MAJOR_TILES_FP32",
     "GROUPED_TILES",
     "GROUPED_TILES_FP32",
     "backend",
+    "expert_major_kernel",
+    "expert_major_tiles",
     "grouped_gemm_kernel",
     "grouped_tiles",
     "per_expert_kernel",
@@ -191,3 +195,88 @@ def per_expert_kernel(
             pypto.assemble(pypto.matmul(a, down, dt, b_trans=True), [t, 0], out)
 
     return expert_mlp
+
+
+#: Expert-major (prefill) defaults: ``rows`` is the row tile of one expert's GEMM (an
+#: expert with more routed rows loops, re-reading its weights once per tile), so it is
+#: sized for the busiest expert of a 512-token top-8 prefill over 256 experts (16 rows
+#: on average); cube_m 64 lets one L0 tile hold them.
+EXPERT_MAJOR_TILES = Tiles(
+    rows=64, vec_rows=16, vec_cols=512, cube_m=(64, 64), cube_k=(128, 256), cube_n=(128, 128)
+)
+#: fp32: L0A/L0B hold half the 2-byte tile.
+EXPERT_MAJOR_TILES_FP32 = Tiles(
+    rows=64, vec_rows=16, vec_cols=512, cube_m=(64, 64), cube_k=(64, 128), cube_n=(128, 128)
+)
+
+
+def expert_major_tiles(dtype: torch.dtype) -> Tiles:
+    """Default expert-major tiles for an io dtype."""
+    return EXPERT_MAJOR_TILES_FP32 if dtype == torch.float32 else EXPERT_MAJOR_TILES
+
+
+@functools.lru_cache(maxsize=32)
+def expert_major_kernel(
+    bk: Backend,
+    hidden: int,
+    inter: int,
+    experts: int,
+    dtype: torch.dtype,
+    act: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    tiles: Tiles = EXPERT_MAJOR_TILES,
+) -> Any:
+    """ys[p] = (w[p] * down_e(act(gate_up_e(xs[p])))).to(dtype) for the rows p of expert e.
+
+    Why expert-major: a prefill of T tokens reads ``T * k`` expert slices token by token;
+    here the routed rows arrive grouped by expert (``xs`` [P, H], P = T * k, rows of
+    expert e at ``offsets[e] .. offsets[e + 1]``), so each expert's weights are read once
+    per ``tiles.rows`` rows and multiplied against all its rows in one GEMM (M = its row
+    count, a device-side valid shape). Offsets are read on the device (GetTensorData), so
+    no routing-dependent shape reaches the kernel: P is fixed per token bucket, experts
+    with no rows run no iteration, and slots past ``offsets[experts]`` (padding tokens)
+    are never touched. ``ws`` [P, 1] is each row's routing weight (fp32).
+    """
+    pypto = bk.pypto
+    dt = bk.dtype(dtype)
+    fp32 = pypto.DT_FP32
+    p = pypto.frontend.dynamic("moe_rows")
+    tr = tiles.rows
+    vec_cols = min(inter, tiles.vec_cols)
+    out_cols = min(hidden, tiles.vec_cols)
+    vec_rows = min(tr, tiles.vec_rows)
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def expert_major(
+        xs: pypto.Tensor((p, hidden), dt),
+        ws: pypto.Tensor((p, 1), fp32),
+        offsets: pypto.Tensor((experts + 1,), pypto.DT_INT32),
+        gate_up: pypto.Tensor((experts, 2 * inter, hidden), dt),
+        down: pypto.Tensor((experts, hidden, inter), dt),
+        ys: pypto.Tensor((p, hidden), dt),
+    ):
+        pypto.set_cube_tile_shapes(list(tiles.cube_m), list(tiles.cube_k), list(tiles.cube_n))
+        pypto.set_vec_tile_shapes(vec_rows, out_cols)
+        for e in pypto.loop(experts):
+            start = offsets[e]
+            end = offsets[e + 1]
+            w_gu = pypto.reshape(
+                pypto.view(gate_up, [1, 2 * inter, hidden], [e, 0, 0]), [2 * inter, hidden]
+            )
+            w_dn = pypto.reshape(pypto.view(down, [1, hidden, inter], [e, 0, 0]), [hidden, inter])
+            for r in pypto.loop((end - start + tr - 1) // tr):
+                off = start + r * tr
+                n = pypto.min(end - off, tr)
+                xv = pypto.view(xs, [tr, hidden], [off, 0], valid_shape=[n, hidden])
+                h = pypto.matmul(xv, w_gu, dt, b_trans=True)
+                pypto.set_vec_tile_shapes(vec_rows, vec_cols)
+                g = pypto.cast(pypto.view(h, [tr, inter], [0, 0], valid_shape=[n, inter]), fp32)
+                u = pypto.cast(pypto.view(h, [tr, inter], [0, inter], valid_shape=[n, inter]), fp32)
+                a = pypto.cast(_activate(pypto, g, u, act, alpha, limit), dt)
+                y = pypto.matmul(a, w_dn, dt, b_trans=True)
+                pypto.set_vec_tile_shapes(vec_rows, out_cols)
+                wv = pypto.view(ws, [tr, 1], [off, 0], valid_shape=[n, 1])
+                pypto.assemble(pypto.cast(pypto.cast(y, fp32) * wv, dt), [off, 0], ys)
+
+    return expert_major

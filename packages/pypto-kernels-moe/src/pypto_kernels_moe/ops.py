@@ -14,10 +14,17 @@ import torch
 from pypto_kernels_common import Backend, Envelope, KernelError, compiling
 
 from .package import PACKAGE
-from .reference import ACTIVATION_NAMES, ascending_slots, grouped_gemm_reference
+from .reference import (
+    ACTIVATION_NAMES,
+    ascending_slots,
+    combine,
+    expert_major_grouping,
+    grouped_gemm_reference,
+)
 
 __all__ = [
     "ENVELOPE",
+    "EXPERT_MAJOR_MIN_TOKENS",
     "MAX_HIDDEN",
     "MAX_INTER",
     "MAX_TOKENS",
@@ -31,6 +38,10 @@ MAX_INTER = 4096
 MAX_TOP_K = 16
 #: The kernel loops over tokens; beyond this a prefill is cheaper as the model's own loop.
 MAX_TOKENS = 4096
+#: Calls with at least this many tokens run the expert-major kernel (each expert's
+#: weights read once per row tile over its routed rows); fewer run the token-major one
+#: (each token reads its k experts). See the README for the cost-model crossover.
+EXPERT_MAJOR_MIN_TOKENS = 64
 
 
 def _shape_rule(
@@ -90,8 +101,24 @@ def _eager(
 
         ids, weights = ascending_slots(top_k_index, top_k_weights)
         x = hidden_states.contiguous()
-        out = torch.empty_like(x)
         e, two_i, h = gate_up.shape
+        t, k = ids.shape
+        if t >= EXPERT_MAJOR_MIN_TOKENS:
+            g = expert_major_grouping(x, ids, weights, e, kernels.token_bucket(t))
+            ys = torch.empty_like(g.xs)
+            kernels.expert_major_kernel(
+                bk,
+                h,
+                two_i // 2,
+                e,
+                x.dtype,
+                act,
+                float(alpha),
+                float(limit),
+                kernels.expert_major_tiles(x.dtype),
+            )(g.xs, g.ws, g.offsets, gate_up.detach().contiguous(), down.detach().contiguous(), ys)
+            return combine(ys, g.pos, t, k)
+        out = torch.empty_like(x)
         kern = kernels.grouped_gemm_kernel(
             bk,
             ids.shape[1],

@@ -9,9 +9,20 @@ transformers' ``index_add_`` loop, so greedy tokens match eager generation.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-__all__ = ["ACTIVATION_NAMES", "activate", "ascending_slots", "grouped_gemm_reference"]
+__all__ = [
+    "ACTIVATION_NAMES",
+    "ExpertMajorGrouping",
+    "activate",
+    "ascending_slots",
+    "combine",
+    "expert_major_grouping",
+    "expert_major_reference",
+    "grouped_gemm_reference",
+]
 
 #: What the kernel computes; the same names as :data:`.kernels.ACTIVATIONS`.
 ACTIVATION_NAMES = ("silu", "gelu_tanh", "swigluoai")
@@ -77,3 +88,100 @@ def grouped_gemm_reference(
     for j in range(1, k):
         acc = acc + contrib[:, j]
     return acc
+
+
+class ExpertMajorGrouping(NamedTuple):
+    """The routed rows grouped by expert, in fixed-size buffers.
+
+    ``xs`` [P, H] and ``ws`` [P, 1] (fp32): P = padded tokens x k rows, expert e's rows at
+    ``offsets[e] .. offsets[e + 1]`` (``offsets`` [E + 1] int32), padding tokens' rows
+    after ``offsets[E]``. ``pos`` [P]: where each (token, slot) row went, to gather the
+    results back per token.
+    """
+
+    xs: torch.Tensor
+    ws: torch.Tensor
+    offsets: torch.Tensor
+    pos: torch.Tensor
+
+
+def expert_major_grouping(
+    hidden_states: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    experts: int,
+    padded_tokens: int | None = None,
+) -> ExpertMajorGrouping:
+    """Group (token, slot) rows by expert on the device, with no routing-dependent shape.
+
+    A sort-free count/offset pass: one-hot counts per expert, an exclusive cumsum for
+    each expert's start, and each row's rank among its expert's rows (a cumsum down the
+    one-hot), so ``pos = start[e] + rank`` is a stable counting sort (rows of one expert
+    keep token order) without ``argsort`` or a host read. Tokens are padded to
+    ``padded_tokens`` (the kernel's bucket) with rows routed to a dummy expert ``E``
+    that sorts last and that the kernel never computes.
+    """
+    t = hidden_states.shape[0]
+    k = ids.shape[1]
+    b = t if padded_tokens is None else padded_tokens
+    dev = hidden_states.device
+    flat = torch.full((b * k,), experts, dtype=torch.long, device=dev)
+    flat[: t * k] = ids.reshape(-1).long()
+    w = torch.zeros(b * k, dtype=torch.float32, device=dev)
+    w[: t * k] = weights.reshape(-1).float()
+    onehot = torch.nn.functional.one_hot(flat, experts + 1).int()
+    counts = onehot.sum(0)
+    ends = counts.cumsum(0)
+    starts = ends - counts
+    rank = (onehot.cumsum(0) - onehot).gather(1, flat.unsqueeze(1)).squeeze(1)
+    pos = starts.index_select(0, flat) + rank
+    rows = torch.arange(b * k, device=dev)
+    perm = torch.empty_like(rows).scatter_(0, pos.long(), rows)
+    src = perm // k
+    # padding rows (src >= t) read token t - 1 and are zeroed: no routing-dependent shape
+    gathered = hidden_states.index_select(0, src.clamp(max=t - 1))
+    xs = torch.where((src < t).unsqueeze(1), gathered, torch.zeros_like(gathered))
+    offsets = torch.cat([torch.zeros_like(ends[:1]), ends[:experts]]).to(torch.int32)
+    return ExpertMajorGrouping(xs, w.index_select(0, perm).unsqueeze(1), offsets, pos.long())
+
+
+def combine(ys: torch.Tensor, pos: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
+    """Per-token sum of the weighted expert rows, slots in ascending expert id (the
+    decode kernel's and transformers' order, so fp32 tokens match)."""
+    contrib = ys.index_select(0, pos).view(-1, k, ys.shape[1])[:tokens]
+    acc = contrib[:, 0]
+    for j in range(1, k):
+        acc = acc + contrib[:, j]
+    return acc
+
+
+def expert_major_reference(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    act: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    padded_tokens: int | None = None,
+) -> torch.Tensor:
+    """The expert-major kernel's algorithm in torch (grouping, one GEMM per expert over
+    its rows, weighted, gathered back, summed in ascending expert id): the same contract
+    as :func:`grouped_gemm_reference`. It reads the offsets on the host (a test oracle
+    for the grouping, not a capture-safe fallback)."""
+    t = hidden_states.shape[0]
+    k = top_k_index.shape[1]
+    e = gate_up.shape[0]
+    ids, weights = ascending_slots(top_k_index, top_k_weights)
+    g = expert_major_grouping(hidden_states, ids, weights, e, padded_tokens)
+    ys = torch.zeros_like(g.xs)
+    bounds = g.offsets.tolist()
+    for x in range(e):
+        lo, hi = bounds[x], bounds[x + 1]
+        if hi == lo:
+            continue
+        up = g.xs[lo:hi] @ gate_up[x].T
+        y = activate(up, act, alpha, limit) @ down[x].T
+        ys[lo:hi] = (y * g.ws[lo:hi]).to(hidden_states.dtype)
+    return combine(ys, g.pos, t, k)
