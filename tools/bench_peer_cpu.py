@@ -26,6 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Graph arm vs transformers' static cache + compile (CPU, issue #16)"
 sys.path.insert(0, str(ROOT / "tools"))
+CUDA_NOTE = (
+    "CUDA (0.5B-class bf16 batch 1: graph >= 25% of the bandwidth roofline and >= 1.2x hf-compile;\n"
+    "7B-class >= 70%): pending, no GPU was lent to this task. `python tools/device_check_decode.py`\n"
+    "(one deadline-bounded run, `--budget-s`, results and summary.md in `$OUT`; its `--dry-run`\n"
+    "runs the same steps on CPU with tiny models) produces them on a lent GPU.\n"
+)
 
 
 def _bench(model: Path, report: Path, *extra: str, gen: int = 32, iters: int = 3) -> dict:
@@ -131,6 +137,7 @@ def _markdown(main_run: dict, old_default: dict, sweep: dict | None) -> str:
             "|---:|---|---:|---:|---:|---|---:|",
             *_sweep_rows(sweep),
         ]
+    lines += ["", CUDA_NOTE.rstrip("\n")]
     runs = [main_run, old_default] + ([sweep] if sweep else [])
     lines += ["", "Reproduce: `python tools/bench_peer_cpu.py` (the bench commands it ran):", ""]
     lines += [f"    {shlex.join(r['_argv'])}" for r in runs]

@@ -130,6 +130,15 @@ def _summarise(out: Path) -> list[str]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        for entry in data.get("batch_sweep") or []:
+            for arm in entry.get("arms", []):
+                roof = arm.get("roofline") or {}
+                share = roof.get("fraction_of_ceiling")
+                lines.append(
+                    f"| {path.stem} b{entry['batch']} | {arm['name']} | - | "
+                    f"{_f(arm['tokens_per_s'].get('best'), '.1f')} | "
+                    f"{_f(share and share * 100, '.1f')} ({roof.get('binding', '-')}) | - | - |"
+                )
         for arm in data.get("arms", []):
             roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
             match = (arm.get("token_match") or {}).get("rate")
