@@ -203,4 +203,6 @@ def test_a_run_beside_busy_processes_is_flagged_by_the_load_condition(tiny_llama
     assert "machine load" in eager["unreliable"]["why"]
     err = capsys.readouterr().err
     assert "eager: UNRELIABLE tok/s" in err
-    assert "noisy run: load" in err
+    # spread may hold too on a machine this busy; the load verdict must be there
+    assert "noisy run: " in err
+    assert "load at run" in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -149,3 +151,22 @@ def test_fused_backend_on_cuda_captures_the_compiled_step():
     torch.cuda.synchronize()
     assert res.backend == "fused (compile+cudagraph)", be.fallback_reason
     assert len(res.times_s) == 4
+
+
+def _npu_skip_reason() -> str | None:
+    from pypto_capture import npu_available
+
+    if npu_available() or os.environ.get("PYPTO_REQUIRE_NPU") == "1":
+        return None  # under `nox -s cann` a missing NPU must fail, not skip
+    return "needs an Ascend NPU (torch_npu with torchair and a visible device)"
+
+
+@pytest.mark.npu
+@pytest.mark.skipif(_npu_skip_reason() is not None, reason=str(_npu_skip_reason()))
+def test_fused_backend_on_npu_is_torchair_reduce_overhead():
+    state, step = _counter_step("npu")
+    be = make_backend("fused", "npu:0")
+    assert be.label == "fused (torchair reduce-overhead)"
+    res = capture_and_replay(step, warmup=2, replays=3, backend=be)
+    assert len(res.times_s) == 3
+    assert float(state.sum().cpu()) > 0
