@@ -167,12 +167,19 @@ def _markdown(rows: list[dict], env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_section(text: str) -> None:
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    old = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = pattern.sub(text + "\n", old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + text
-    DOC.write_text(new)
+def write_section(text: str, section: str = SECTION, doc: Path = DOC) -> None:
+    """Replace ``section`` (heading to the next ``## ``) in ``doc``, or append it.
+
+    The other benchmark tools write their sections through this one function.
+    """
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    old = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(old):  # a function replacement: backslashes in the text stay literal
+        new = pattern.sub(lambda _m: text + "\n", old)
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    doc.write_text(new)
 
 
 def main() -> int:
@@ -215,7 +222,7 @@ def main() -> int:
     md = _markdown(rows, env)
     print(md)
     if not args.no_write:
-        _write_section(md)
+        write_section(md)
         print(f"wrote {DOC}", file=sys.stderr)
     return 0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -144,24 +143,13 @@ def _markdown(main_run: dict, old_default: dict, sweep: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_section(text: str) -> None:
-    old = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    new = (
-        pattern.sub(lambda _m: text + "\n", old)
-        if pattern.search(old)
-        else old.rstrip("\n") + "\n\n" + text
-    )
-    DOC.write_text(new)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--batches", default="1,4,16", help="the sweep's batches ('' skips it)")
     args = ap.parse_args()
-    from bench_e2e_cpu import QWEN05_SHAPE
+    from bench_e2e_cpu import QWEN05_SHAPE, write_section
 
     from pypto_testing.models import make_tiny_model
 
@@ -182,7 +170,7 @@ def main() -> int:
     md = _markdown(main_run, old_default, sweep)
     print(md)
     if not args.no_write:
-        _write_section(md)
+        write_section(md, SECTION, DOC)
         print(f"wrote {DOC}", file=sys.stderr)
     return 0
 
