@@ -151,8 +151,11 @@ def _recommend(p: Profile, f: dict[str, Any]) -> dict[str, Any] | None:
         rec.update(
             id="fused_capture",
             title="the captured step is still host-bound: fuse before capture (compile, then capture)",
-            action="try --graph-backend compile (inductor fuses operators) or the fused CUDA backend",
-            command=_bench_command(p, arms=["eager", "graph"], graph_backend="compile"),
+            action=(
+                "use --graph-backend fused (inductor fuses operators, then the compiled step "
+                "is captured; auto's choice on CUDA) and check the report's backend column"
+            ),
+            command=_bench_command(p, arms=["eager", "graph"], graph_backend="fused"),
             estimated_speedup=amdahl(s, 1.0 / (1 - CAPTURE_RECOVERY)),
             basis=f"{s:.0%} of the step is host gap; fusion can remove up to {CAPTURE_RECOVERY:.0%} of it",
             applies_when={"arm": ["graph", "pypto+graph"]},
