@@ -16,6 +16,7 @@ from .bench import (
 )
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
+from .distributed import run_distributed
 from .errors import (
     EXIT,
     BadInputError,
@@ -26,10 +27,13 @@ from .errors import (
     GenerationError,
     ModelLoadError,
     ModelNotFoundError,
+    NoTensorParallelPlanError,
     PluginError,
+    RankFailedError,
     RegimeNotSupportedError,
     ReportPathError,
     ReportWriteError,
+    TooManyRanksError,
 )
 from .measure import measure_bandwidth, measure_matmul_peak
 from .plugins import applicable_plugins, discover_plugins, register_plugin, unregister_plugin
@@ -80,12 +84,15 @@ __all__ = [
     "GenerationError",
     "ModelLoadError",
     "ModelNotFoundError",
+    "NoTensorParallelPlanError",
     "PluginError",
+    "RankFailedError",
     "RegimeNotSupportedError",
     "Report",
     "ReportPathError",
     "ReportWriteError",
     "SmokeResult",
+    "TooManyRanksError",
     "add_bench_arguments",
     "applicable_plugins",
     "bench_config_from_args",
@@ -103,6 +110,7 @@ __all__ = [
     "register_plugin",
     "report_to_markdown",
     "run_bench",
+    "run_distributed",
     "run_sweep",
     "schema",
     "smoke",

@@ -149,6 +149,21 @@ _FLAGS: tuple[_Flag, ...] = (
         "skip the bandwidth measurement (no roofline ceiling)",
         action="store_false",
     ),
+    _Flag(
+        "nproc",
+        "--nproc",
+        "ranks (one device each, CPU: one core's share): N > 1 shards the model with its "
+        "tensor-parallel plan over N processes (prefill/decode, eager arm)",
+        type=int,
+        metavar="N",
+    ),
+    _Flag(
+        "rank_timeout",
+        "--rank-timeout",
+        "--nproc > 1: end the run when no rank progresses for this many seconds",
+        type=float,
+        metavar="S",
+    ),
     _Flag("report_file", "--report-file", "write the JSON report here", metavar="FILE"),
 )
 

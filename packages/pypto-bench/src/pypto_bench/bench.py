@@ -123,6 +123,11 @@ class BenchConfig:
     # MoE models only: "exact" (the model's routing, capture-safe: pypto_capture.
     # apply_exact_moe) or "static" (the seed's fixed-expert proxy; outputs differ by design).
     moe_routing: str = "exact"
+    # Ranks (pypto_bench.distributed): 1 is the single-process run; N > 1 launches N ranks
+    # with torch's elastic launcher, the model sharded by its tensor-parallel plan.
+    nproc: int = 1
+    # --nproc > 1: seconds without progress on any rank before the run is ended as hung.
+    rank_timeout: float = 600.0
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -170,6 +175,10 @@ class BenchConfig:
             raise BadInputError(
                 f"unknown MoE routing {self.moe_routing!r}: choose one of {', '.join(MOE_ROUTINGS)}"
             )
+        if self.nproc != 1 or self.rank_timeout != 600.0:
+            from .distributed import validate_distributed
+
+            validate_distributed(self)
         if self.diffusion_steps is not None and self.diffusion_steps < 1:
             raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
         if self.block_length is not None and (
@@ -230,6 +239,8 @@ class BenchConfig:
             "block_length": self.block_length,
             "measure_bandwidth": self.measure_bandwidth,
             "moe_routing": self.moe_routing,
+            # Only for a multi-rank run: a single process's description is unchanged.
+            **({"nproc": self.nproc} if self.nproc != 1 else {}),
         }
 
     @property
@@ -945,6 +956,10 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     when ``report_file`` failed at the end of the run; see ``write_report``).
     """
     config.validate()
+    if config.nproc > 1:
+        from .distributed import run_distributed
+
+        return run_distributed(config, progress=progress)
     if config.report_file:
         from .loading import check_model_folder
 
@@ -1387,4 +1402,9 @@ class BenchSession:
 def open_session(config: BenchConfig, *, progress: ProgressFn | None = None) -> BenchSession:
     """Validate ``config``, load its model and inputs; raises as ``run_bench`` does."""
     config.validate()
+    if config.nproc != 1:
+        raise BadInputError(
+            f"a session is one process; --nproc {config.nproc} runs through run_bench only: "
+            "pass --nproc 1"
+        )
     return BenchSession(*_load_context(config, progress))

@@ -39,6 +39,10 @@ class    torchair.CompilerConfig                     | torchair/configs/compiler
 member   torchair.CompilerConfig.mode                | set in CompilerConfig.__init__ (max-autotune | reduce-overhead)
 function torchair.get_npu_backend                    | torchair/npu_fx_compiler.py, re-exported
 kwarg    torchair.get_npu_backend compiler_config    | get_npu_backend(*, compiler_config=None, ...)
+function torch_npu.npu.device_count                  | torch_npu/npu/__init__.py (--nproc: ranks <= NPUs)
+function torch_npu.npu.set_device                    | torch_npu/npu/utils.py (--nproc: rank r on npu:r)
+module   torch_npu.distributed                       | torch_npu/distributed/__init__.py (registers hccl)
+function torch_npu.distributed.is_hccl_available     | torch_npu/distributed/distributed_c10d.py, re-exported
 """
 
 NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_bench.environment")

@@ -34,6 +34,16 @@ EXIT = ExitCodeTable(
             "REPORT_UNWRITTEN",
             "run: the report could be written nowhere; its JSON was printed on stdout",
         ),
+        (
+            47,
+            "TOO_MANY_RANKS",
+            "run --nproc N: N is larger than the visible devices (CPU: cores); nothing was launched",
+        ),
+        (
+            48,
+            "RANK_FAILED",
+            "run --nproc N: a rank failed or hung; every rank was ended, the error names it",
+        ),
     ],
 )
 
@@ -66,6 +76,22 @@ class EnvironmentMissingError(BenchError):
     """Something the run needs is absent here (a device, an optional dependency)."""
 
     exit_code = EXIT.ENVIRONMENT
+
+
+class TooManyRanksError(EnvironmentMissingError):
+    """``--nproc`` asks for more ranks than there are devices to give one each."""
+
+    exit_code = EXIT.TOO_MANY_RANKS
+
+
+class NoTensorParallelPlanError(BadInputError):
+    """``--nproc > 1`` on a model family that has no tensor-parallel plan to shard it by."""
+
+
+class RankFailedError(BenchError):
+    """A rank of a ``--nproc`` run failed or hung; the message names it and its cause."""
+
+    exit_code = EXIT.RANK_FAILED
 
 
 class ModelLoadError(BenchError):

@@ -85,6 +85,10 @@ class Report:
     #: ``--batch 1,8,32``: one entry per batch (tok/s per arm, the roofline against both
     #: ceilings); None for a single batch.
     batch_sweep: list[dict[str, Any]] | None = None
+    #: ``--nproc N`` (pypto_bench.distributed): ranks, backend, aggregate tok/s, per-rank
+    #: step time / communication share / memory, the 1-rank baseline, scaling efficiency
+    #: and agreement with it; None for a single-process run.
+    distributed: dict[str, Any] | None = None
     #: Where ``run_bench`` actually wrote the report (the fallback path when the asked
     #: one failed); not part of the document.
     written_to: Path | None = field(default=None, compare=False, repr=False)
@@ -605,7 +609,41 @@ def format_table(report: Report | dict[str, Any]) -> str:
             if stage:
                 lines.append(f"  bisect: first failing stage {stage}")
     lines += _sweep_lines(data)
+    lines += _distributed_lines(data)
     return "\n".join(lines)
+
+
+def _distributed_lines(data: dict[str, Any]) -> list[str]:
+    """``--nproc N``: the aggregate against the 1-rank run, then one line per rank."""
+    dist = data.get("distributed")
+    if not dist:
+        return []
+    base = (dist.get("baseline") or {}).get("tokens_per_s") or {}
+    comm = dist.get("communication_share") or {}
+    agree = dist.get("agreement") or {}
+    lines = [
+        f"{dist['nproc']} ranks ({dist.get('backend')}, {dist.get('threads_per_rank')} "
+        f"thread(s) each): aggregate {_fmt((dist.get('aggregate_tokens_per_s') or {}).get('best'))} "
+        f"tok/s vs 1 rank {_fmt(base.get('best'))}: speedup {_fmt(dist.get('speedup'), '.2f')}, "
+        f"scaling efficiency {_fmt(dist.get('scaling_efficiency'), '.2f')}; communication "
+        f"share {_fmt(comm.get('min'), '.2f')}-{_fmt(comm.get('max'), '.2f')}; "
+        f"agrees with 1 rank: {'yes' if agree.get('ok') else 'NO'}"
+    ]
+    for r in dist.get("ranks") or []:
+        step = r.get("step_s") or {}
+        share = (r.get("communication") or {}).get("share")
+        mem = r.get("memory") or {}
+        peak = mem.get("peak_allocated") or mem.get("rss_peak_bytes")
+        lines.append(
+            f"  rank {r.get('rank')}: step ms min/median/max "
+            + "/".join(
+                _fmt(float(step[k]) * 1e3 if step.get(k) else None, ".2f")
+                for k in ("min", "median", "max")
+            )
+            + f", communication {_fmt(share * 100 if share is not None else None)}%, "
+            f"memory {_mib(peak)} MiB"
+        )
+    return lines
 
 
 def _kv_cache_line(arm: dict[str, Any]) -> str | None:
@@ -675,6 +713,8 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
         ]
         lines += ["| " + " | ".join(r) + " |" for r in sweep]
     lines += _noise_markdown(data)
+    if data.get("distributed"):
+        lines += ["", "```", *_distributed_lines(data), "```"]
     note = _memory_note(data)
     if note:
         lines.append(f"\n- {note}")

@@ -1,0 +1,997 @@
+"""``--nproc N``: the bench on N ranks with torch.distributed and transformers' TP plans.
+
+Why this shape:
+
+* Launch is torch's own elastic launcher (``elastic_launch`` / ``LaunchConfig``, what
+  ``torchrun`` runs), rendezvous ``c10d`` on 127.0.0.1 with a free port. The launcher runs
+  in a child process that leads its own process group, so a failed or hung run is ended
+  by killing that group: no rank outlives the run (the agent alone cannot end a rank that
+  hangs while alive).
+* The model loads sharded by transformers (``from_pretrained(distributed_config=
+  DistributedConfig(tp_plan="auto"))``: the family's ``base_model_tp_plan``), not by a
+  home-made sharder. A family without a plan is refused before launching.
+* Each rank runs the single-process protocol functions of ``pypto_bench.bench`` on its
+  shard (same warmup, iterations, synchronized timed spans), with a barrier between
+  iterations so every sample is one collective step. Rank 0 first runs the same protocol
+  on the whole model alone: the 1-rank baseline of the scaling efficiency and the
+  reference the sharded outputs are compared against.
+* Progress is a per-rank heartbeat file; the launching process ends the run when no rank
+  has made progress for ``rank_timeout`` seconds, naming the rank that hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pypto_common import atomic_write_text, redact
+
+from .errors import (
+    BadInputError,
+    EnvironmentMissingError,
+    ModelLoadError,
+    NoTensorParallelPlanError,
+    RankFailedError,
+    TooManyRanksError,
+)
+
+if TYPE_CHECKING:
+    from .bench import BenchConfig, ProgressFn
+    from .report import Report
+
+log = logging.getLogger(__name__)
+
+#: Regimes and arms measured across ranks in this release (graph arms with collectives:
+#: CUDA graphs with NCCL, NPU graphs with HCCL, are not written yet).
+DISTRIBUTED_REGIMES = ("prefill", "decode")
+DISTRIBUTED_ARMS = ("eager",)
+#: torch.distributed backend per device type (HCCL is registered by torch_npu).
+BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
+DEFAULT_RANK_TIMEOUT = 600.0
+#: Profiler events that are collectives called by the rank (c10d and functional c10d ops;
+#: the backend's own worker-thread events such as ``gloo:all_reduce`` are not counted).
+COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::")
+#: Max |logit difference| accepted between the sharded and the single-process prefill.
+LOGITS_ATOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 5e-2}
+
+_POLL_S = 0.2
+
+
+# --- checks before launching -------------------------------------------------------------
+
+
+def validate_distributed(config: BenchConfig) -> None:
+    """Reject what ``--nproc`` cannot run; called by ``BenchConfig.validate`` (no torch)."""
+    n = config.nproc
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadInputError(f"--nproc must be an integer >= 1 (got {n!r})")
+    if not config.rank_timeout > 0:
+        raise BadInputError(f"--rank-timeout must be > 0 seconds (got {config.rank_timeout})")
+    if n == 1:
+        return
+    if config.regime not in DISTRIBUTED_REGIMES:
+        raise BadInputError(
+            f"--nproc {n} runs the {' and '.join(DISTRIBUTED_REGIMES)} regimes only, not "
+            f"{config.regime}: pass --regime prefill or --nproc 1"
+        )
+    extra = [a for a in config.arms if a not in DISTRIBUTED_ARMS]
+    if extra:
+        raise BadInputError(
+            f"--nproc {n} measures the eager arm only (graph arms with collectives are not "
+            f"supported yet), got {', '.join(extra)}: pass --arms eager"
+        )
+    if len(config.batches) > 1:
+        raise BadInputError(f"--nproc {n} takes one --batch, not a sweep: pass a single size")
+
+
+def visible_devices(device_type: str) -> int:
+    """How many ranks of this device type fit here: one device per rank.
+
+    CPU: the cores this process may run on (``os.sched_getaffinity``, else
+    ``os.cpu_count()``), one core's share per rank.
+    """
+    if device_type == "cpu":
+        try:
+            return len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return os.cpu_count() or 1
+    if device_type == "cuda":
+        import torch
+
+        return int(torch.cuda.device_count())
+    if device_type == "npu":
+        from .environment import NPU
+
+        return int(NPU.resolve("torch_npu.npu.device_count")())
+    raise EnvironmentMissingError(f"no distributed backend for device type {device_type!r}")
+
+
+def _device_type(config: BenchConfig) -> str:
+    from pypto_capture import resolve_device
+
+    try:
+        device = resolve_device(config.device)
+    except Exception as err:
+        raise EnvironmentMissingError(
+            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
+        ) from err
+    if device.type != "cpu" and (device.index or 0) != 0:
+        raise BadInputError(
+            f"--device {config.device} with --nproc: rank r uses {device.type}:r, so pass "
+            f"--device {device.type} and choose cards with CUDA_VISIBLE_DEVICES / "
+            "ASCEND_RT_VISIBLE_DEVICES"
+        )
+    if device.type not in BACKEND_FOR:
+        raise EnvironmentMissingError(f"no distributed backend for device type {device.type!r}")
+    return device.type
+
+
+def check_nproc(config: BenchConfig) -> str:
+    """The device type, after refusing more ranks than visible devices (before launching)."""
+    device_type = _device_type(config)
+    have = visible_devices(device_type)
+    if config.nproc > have:
+        what = "CPU cores" if device_type == "cpu" else f"{device_type} devices"
+        raise TooManyRanksError(
+            f"--nproc {config.nproc} needs {config.nproc} {what} (one per rank) but {have} "
+            f"are visible here: pass --nproc {have} or fewer"
+        )
+    return device_type
+
+
+def check_tp_plan(config: BenchConfig) -> str:
+    """Name the plan transformers will use, or refuse a family without one (no launch)."""
+    from .loading import check_model_folder, needs_remote_code, read_model_config
+
+    path = check_model_folder(config.model_path)
+    raw = read_model_config(path)
+    if needs_remote_code(raw) and not config.trust_remote_code:
+        raise ModelLoadError(
+            f"model type {raw.get('model_type')!r} at {path} ships its own code: "
+            "rerun with --trust-remote-code if you trust that folder"
+        )
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
+        )
+    except Exception as err:
+        raise ModelLoadError(
+            f"reading {path}/config.json failed: {redact(' '.join(str(err).split()))[:300]}"
+        ) from err
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    plan = getattr(cfg, "base_model_tp_plan", None) or getattr(text, "base_model_tp_plan", None)
+    model_type = getattr(cfg, "model_type", None) or raw.get("model_type")
+    if not plan:
+        raise NoTensorParallelPlanError(
+            f"model type {model_type!r} has no tensor-parallel plan (its config's "
+            f"base_model_tp_plan is empty), so --nproc {config.nproc} cannot shard it: run it "
+            "with --nproc 1; the fallback for prefill, pipeline placement across devices with "
+            "an accelerate-style device map (device_map='auto'), is not implemented yet"
+        )
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text, name, None)
+        if isinstance(heads, int) and heads % config.nproc:
+            raise BadInputError(
+                f"{name} = {heads} of {model_type!r} is not divisible by --nproc "
+                f"{config.nproc}: tensor parallelism splits heads evenly, pick an --nproc "
+                "that divides it"
+            )
+    return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for the c10d rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the launching process ---------------------------------------------------------------
+
+
+def run_distributed(
+    config: BenchConfig,
+    *,
+    progress: ProgressFn | None = None,
+    state_dir: str | Path | None = None,
+) -> Report:
+    """Run ``config`` on ``config.nproc`` ranks; the report holds every rank's figures.
+
+    ``state_dir`` keeps the run's files (per-rank heartbeats with pids, ``result.json``,
+    ``outputs.pt`` with rank 0's single-process and sharded outputs, ``launcher.log``);
+    default: a temporary folder removed afterwards. Raises like ``run_bench``, plus
+    ``TooManyRanksError`` (before launching), ``NoTensorParallelPlanError`` and
+    ``RankFailedError`` (a rank failed or hung; every rank has been ended). ``progress``
+    is accepted for ``run_bench``'s signature; ranks report through their heartbeats.
+    """
+    config.validate()
+    from .loading import check_model_folder
+    from .report import check_report_path
+
+    check_model_folder(config.model_path)
+    if config.report_file:
+        check_report_path(config.report_file)
+    device_type = check_nproc(config)
+    plan = check_tp_plan(config)
+    with contextlib.ExitStack() as stack:
+        if state_dir is None:
+            state_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pypto-dist-"))
+        folder = Path(state_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        cores = visible_devices("cpu")
+        spec = {
+            "config": _config_to_json(config),
+            "device_type": device_type,
+            "backend": BACKEND_FOR[device_type],
+            "port": free_port(),
+            "run_id": uuid.uuid4().hex[:12],
+            "state_dir": str(folder),
+            "threads": max(1, cores // config.nproc),
+            "plan": plan,
+            "command_line": list(config.command_line or sys.argv),
+        }
+        spec_path = folder / "spec.json"
+        atomic_write_text(spec_path, json.dumps(spec))
+        log.info(
+            "launching %d ranks (%s, %s, rendezvous 127.0.0.1:%d)",
+            config.nproc,
+            device_type,
+            spec["backend"],
+            spec["port"],
+        )
+        _launch_and_wait(spec_path, folder, config)
+        data = json.loads((folder / "result.json").read_text())
+    report = _report_from_dict(data)
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    if config.report_file:
+        report.write(config.report_file)
+    return report
+
+
+def _config_to_json(config: BenchConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(asdict(config)))
+
+
+def _config_from_json(data: dict[str, Any]) -> BenchConfig:
+    from .bench import BenchConfig
+
+    known = {f.name for f in fields(BenchConfig)}
+    values = {k: v for k, v in data.items() if k in known}
+    values["arms"] = tuple(values.get("arms") or ())
+    values["batches"] = tuple(values.get("batches") or ())
+    return BenchConfig(**values)
+
+
+def _report_from_dict(data: dict[str, Any]) -> Report:
+    from .report import ArmResult, Report
+
+    known = {f.name for f in fields(Report)} - {"written_to"}
+    arm_fields = {f.name for f in fields(ArmResult)}
+    values = {k: v for k, v in data.items() if k in known}
+    values["arms"] = [
+        ArmResult(**{k: v for k, v in a.items() if k in arm_fields}) for a in data.get("arms", [])
+    ]
+    return Report(**values)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the launcher's whole process group (the agent and every rank), then wait
+    until no member of it is still running (zombies waiting for their reaper are ended)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that have not ended (Linux /proc; [] elsewhere)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                rest = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
+                if int(rest[2]) == pgid and rest[0] != "Z":
+                    found.append(int(entry.name))
+    return found
+
+
+def _launch_and_wait(spec_path: Path, folder: Path, config: BenchConfig) -> None:
+    log_path = folder / "launcher.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pypto_bench.distributed", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killpg ends every rank
+        )
+        # The launcher leads the process group of every rank: its pid names that group.
+        atomic_write_text(folder / "launcher.pid", str(proc.pid))
+        watch = _Watchdog(folder, config.nproc, config.rank_timeout)
+        try:
+            while proc.poll() is None:
+                time.sleep(_POLL_S)
+                hung = watch.check()
+                if hung:
+                    _kill_group(proc)
+                    raise RankFailedError(hung)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        _kill_group(proc)  # anything a rank left behind (it must not outlive the run)
+    if proc.returncode == 0 and (folder / "result.json").is_file():
+        return
+    failure = folder / "failure.json"
+    if failure.is_file():
+        raise RankFailedError(json.loads(failure.read_text())["message"])
+    tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
+    last = tail[-1].strip() if tail else "no output"
+    raise RankFailedError(
+        f"the launcher exited with status {proc.returncode} before any rank reported "
+        f"({redact(last)[:300]}); rerun with -v"
+    )
+
+
+class _Watchdog:
+    """Ends the run when no rank has advanced its step for ``timeout`` seconds.
+
+    Progress is the step counter of each rank's heartbeat file, not its mtime, so a rank
+    waiting for another (rank 0's baseline) does not look alive by writing.
+    """
+
+    def __init__(self, folder: Path, nproc: int, timeout: float) -> None:
+        self.folder = folder
+        self.nproc = nproc
+        self.timeout = timeout
+        self.last_change = time.monotonic()
+        self.steps: dict[int, Any] = {}
+        self.cpu: dict[int, float] = {}
+        self.busy: set[int] = set()
+
+    def read(self) -> dict[int, dict[str, Any]]:
+        states = {}
+        for rank in range(self.nproc):
+            with contextlib.suppress(OSError, ValueError):
+                states[rank] = json.loads((self.folder / f"rank{rank}.json").read_text())
+        return states
+
+    def check(self) -> str | None:
+        now = time.monotonic()
+        states = self.read()
+        for rank, st in states.items():
+            if self.steps.get(rank) != st.get("step"):
+                self.steps[rank] = st.get("step")
+                self.last_change = now
+            cpu = _cpu_seconds(st.get("pid"))
+            if cpu is not None:
+                if rank in self.cpu and cpu - self.cpu[rank] > 0.5 * _POLL_S:
+                    self.busy.add(rank)
+                else:
+                    self.busy.discard(rank)
+                self.cpu[rank] = cpu
+        if now - self.last_change <= self.timeout:
+            return None
+        return self.describe(states)
+
+    def describe(self, states: dict[int, dict[str, Any]]) -> str:
+        missing = [r for r in range(self.nproc) if r not in states]
+        stopped = [r for r, st in states.items() if _proc_state(st.get("pid")) == "T"]
+        steps = {r: int(st.get("step", 0)) for r, st in states.items()}
+        behind = [r for r, s in steps.items() if s == min(steps.values())] if steps else []
+        if missing:
+            culprits, why = missing, "it never started"
+        elif stopped:
+            culprits, why = stopped, "its process is stopped"
+        elif len(set(steps.values())) > 1:
+            culprits, why = behind, "the other ranks are ahead of it"
+        elif self.busy:
+            culprits, why = sorted(self.busy), "it is busy without finishing its step"
+        else:
+            culprits, why = sorted(states), "every rank is waiting"
+        where = ", ".join(
+            f"rank {r} at {states[r].get('stage', '?')!r}" for r in culprits if r in states
+        )
+        who = ", ".join(str(r) for r in culprits)
+        return (
+            f"rank {who} hung ({why}): no rank made progress for {self.timeout:g} s"
+            f"{' (' + where + ')' if where else ''}; every rank was ended "
+            "(raise --rank-timeout if a step legitimately takes longer)"
+        )
+
+
+def _proc_state(pid: Any) -> str | None:
+    try:
+        text = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, TypeError, ValueError):
+        return None
+    return text.rpartition(")")[2].split()[0]
+
+
+def _cpu_seconds(pid: Any) -> float | None:
+    try:
+        parts = Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, TypeError, ValueError, IndexError):
+        return None
+
+
+# --- the launcher (child process, its own process group) ---------------------------------
+
+
+def _launcher_main(spec_path: str) -> int:
+    """Run the elastic agent; on a rank failure write ``failure.json`` naming it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    spec = json.loads(Path(spec_path).read_text())
+    folder = Path(spec["state_dir"])
+    nproc = int(spec["config"]["nproc"])
+    if spec["device_type"] == "cpu":
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # transformers binds the accelerator
+    os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    launch = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=spec["run_id"],
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{spec['port']}",
+        rdzv_configs={"timeout": int(max(60, spec["config"]["rank_timeout"]))},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+    )
+    try:
+        elastic_launch(launch, _rank_main)(spec_path)
+    except ChildFailedError as err:
+        message = _failure_message(err, folder)
+        atomic_write_text(folder / "failure.json", json.dumps({"message": message}))
+        print(message, file=sys.stderr)
+        return 1
+    return 0
+
+
+_PEER_WORDS = ("gloo", "nccl", "hccl", "connection", "closed", "peer", "timed out", "timeout")
+
+
+def _failure_message(err: Any, folder: Path) -> str:
+    """One line naming the rank whose failure caused the others' (the root cause)."""
+    found = []
+    for global_rank, failure in err.failures.items():
+        rank = int(global_rank)
+        own = folder / f"rank{rank}.error.json"
+        cause = None
+        with contextlib.suppress(OSError, ValueError):
+            cause = json.loads(own.read_text())["error"]
+        code = int(failure.exitcode)
+        if cause is None and code < 0:
+            with contextlib.suppress(ValueError):
+                cause = f"killed by {signal.Signals(-code).name}"
+        if cause is None:
+            cause = f"exit status {code}: {' '.join(str(failure.message).split())[:200]}"
+        # A rank that died because a peer vanished reports a communication error:
+        # it is a consequence, not the cause.
+        consequence = code >= 0 and any(w in cause.lower() for w in _PEER_WORDS)
+        found.append((consequence, failure.timestamp, rank, cause))
+    found.sort()
+    _, _, rank, cause = found[0]
+    others = sorted(r for _, _, r, _ in found[1:])
+    also = f" (rank {', '.join(map(str, others))} ended after it)" if others else ""
+    return redact(f"rank {rank} failed: {cause}{also}; every rank was ended")
+
+
+# --- a rank ------------------------------------------------------------------------------
+
+
+class _Heartbeat:
+    """The rank's progress file: pid, step counter and stage, read by the watchdog."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.path = folder / f"rank{rank}.json"
+        self.rank = rank
+        self.step = 0
+        self.stage = "starting"
+        self.write()
+
+    def write(self) -> None:
+        atomic_write_text(
+            self.path,
+            json.dumps(
+                {"rank": self.rank, "pid": os.getpid(), "step": self.step, "stage": self.stage}
+            ),
+        )
+
+    def advance(self, stage: str) -> None:
+        self.step += 1
+        self.stage = stage
+        self.write()
+
+
+def _rank_main(spec_path: str) -> None:
+    """Entry point of every rank (run by the elastic agent in a spawned process)."""
+    rank = int(os.environ["RANK"])
+    spec = json.loads(Path(spec_path).read_text())
+    folder = Path(spec["state_dir"])
+    beat = _Heartbeat(folder, rank)
+    try:
+        _rank_work(spec, rank, beat)
+    except BaseException as err:
+        text = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        atomic_write_text(
+            folder / f"rank{rank}.error.json",
+            json.dumps({"rank": rank, "stage": beat.stage, "error": redact(text)}),
+        )
+        raise
+
+
+def _rank_device(spec: dict[str, Any], local_rank: int) -> Any:
+    import torch
+
+    kind = spec["device_type"]
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    elif kind == "npu":
+        from .environment import NPU
+
+        NPU.resolve("torch_npu.distributed")  # importing it registers the hccl backend
+        if not NPU.resolve("torch_npu.distributed.is_hccl_available")():
+            raise EnvironmentMissingError(
+                "torch_npu has no HCCL here: install the torch_npu matching torch and CANN"
+            )
+        NPU.resolve("torch_npu.npu.set_device")(local_rank)
+    return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
+
+
+def _rank_work(spec: dict[str, Any], rank: int, beat: _Heartbeat) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    config = _config_from_json(spec["config"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(int(spec["threads"]))
+    device = _rank_device(spec, int(os.environ["LOCAL_RANK"]))
+    kwargs: dict[str, Any] = {"backend": spec["backend"]}
+    if spec["backend"] == "nccl":
+        kwargs["device_id"] = device
+    # Collectives wait longer than the watchdog, so a hang is named by the watchdog (which
+    # sees every rank) rather than by a peer's collective timeout.
+    kwargs["timeout"] = datetime.timedelta(seconds=2 * config.rank_timeout + 30)
+    dist.init_process_group(**kwargs)
+    folder = Path(spec["state_dir"])
+    try:
+        baseline = None
+        if rank == 0:
+            beat.advance("1-rank baseline")
+            baseline = _baseline(config, device, beat)
+            atomic_write_text(folder / "baseline.done", "1")
+        else:
+            while not (folder / "baseline.done").exists():
+                time.sleep(_POLL_S)
+        dist.barrier()
+        beat.advance("loading the sharded model")
+        run = _measure_rank(config, device, world, beat, spec)
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(run.figures, gathered if rank == 0 else None, dst=0)
+        if rank == 0:
+            assert baseline is not None
+            data = _build_report(config, spec, device, run, baseline, gathered)
+            torch.save(
+                {"baseline": baseline.output, "distributed": run.output}, folder / "outputs.pt"
+            )
+            atomic_write_text(folder / "result.json", json.dumps(data))
+        beat.advance("done")
+        dist.barrier()
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+class _Measured:
+    """One protocol run on one rank: the arm, its outputs and the rank's figures."""
+
+    def __init__(self, arm: Any, tokens: Any, output: Any, figures: dict[str, Any]) -> None:
+        self.arm = arm
+        self.tokens = tokens
+        self.output = output
+        self.figures = figures
+        self.model_info: dict[str, Any] = {}
+        self.ctx: Any = None
+
+
+def _make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick: Any) -> Any:
+    import torch
+
+    from .bench import _Ctx, make_prompt_ids
+    from .loading import eos_token_ids
+
+    eos = eos_token_ids(model, tokenizer)
+    special = set(eos) | {
+        t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
+    }
+    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
+    return _Ctx(
+        special_ids=special,
+        config=config,
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        eos_ids=eos,
+        pad_id=tokenizer.pad_token_id,
+        progress=tick,
+    )
+
+
+def _protocol(ctx: Any, *, with_comm: bool) -> _Measured:
+    """The single-process eager protocol of ``pypto_bench.bench`` on this rank's model."""
+    import torch
+
+    from .bench import _eager_generate, _Memory, _prefill_fn, _run_eager_decode, _run_eager_prefill
+    from .report import ArmResult
+
+    arm = ArmResult(name="eager")
+    mem = _Memory(ctx.device)
+    if ctx.config.regime == "prefill":
+        tokens = _run_eager_prefill(ctx, arm, mem)
+        step: Callable[[], Any] = _prefill_fn(ctx)
+    else:
+        tokens = _run_eager_decode(ctx, arm, mem)
+
+        def step() -> Any:
+            return _eager_generate(ctx)[0]
+
+    arm.memory = mem.result()
+    with torch.inference_mode():
+        out = _prefill_fn(ctx)() if ctx.config.regime == "prefill" else tokens
+    out = out.full_tensor() if hasattr(out, "full_tensor") else out
+    comm = _communication(step, ctx.device) if with_comm else None
+    seconds = list(arm.seconds.get("samples") or [])
+    figures = {
+        "step_s": _spread(seconds),
+        "samples_s": seconds,
+        "ttft_s": list((arm.ttft_s or {}).get("samples") or []),
+        "tokens_per_iter": list(arm.tokens_per_iter),
+        "memory": arm.memory,
+        "communication": comm,
+    }
+    return _Measured(arm, tokens, out.detach().float().cpu(), figures)
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"min": None, "median": None, "max": None}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> _Measured:
+    """Rank 0 alone, the whole model, the standard load: the 1-rank run of this invocation."""
+    import gc
+
+    import torch
+
+    from .loading import load_model
+
+    torch.manual_seed(config.seed)
+    loaded = load_model(
+        config.model_path,
+        device=device,
+        dtype=config.dtype,
+        trust_remote_code=config.trust_remote_code,
+        attn_implementation=config.attn_implementation,
+    )
+
+    def tick(arm: str, done: int, total: int) -> None:
+        beat.advance(f"1-rank baseline: iteration {done}/{total}")
+
+    ctx = _make_ctx(config, loaded.model, loaded.tokenizer, device, tick)
+    run = _protocol(ctx, with_comm=False)
+    del ctx, loaded
+    gc.collect()
+    if device.type != "cpu":
+        from pypto_capture.device import empty_cache
+
+        empty_cache(device)
+    return run
+
+
+def _load_sharded(config: BenchConfig, world: int, device: Any) -> tuple[Any, Any, float]:
+    import torch
+    from transformers import AutoTokenizer
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    from .loading import _auto_class, check_model_folder, read_model_config, torch_dtype
+
+    path = check_model_folder(config.model_path)
+    raw = read_model_config(path)
+    kwargs: dict[str, Any] = {
+        "local_files_only": True,
+        "trust_remote_code": config.trust_remote_code,
+        "dtype": torch_dtype(config.dtype),
+        "distributed_config": DistributedConfig(tp_plan="auto", tp_size=world),
+    }
+    if config.attn_implementation:
+        kwargs["attn_implementation"] = config.attn_implementation
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
+        )
+        model = _auto_class(raw).from_pretrained(str(path), **kwargs)
+    except ImportError as err:
+        raise EnvironmentMissingError(
+            f"sharded loading needs accelerate: pip install 'pypto-bench[distributed]' ({err})"
+        ) from err
+    except Exception as err:
+        msg = redact(" ".join(str(err).split()))
+        if "requires `accelerate`" in msg:
+            raise EnvironmentMissingError(
+                "sharded loading needs accelerate: pip install 'pypto-bench[distributed]'"
+            ) from err
+        raise ModelLoadError(
+            f"loading {path} sharded over {world} ranks failed: {type(err).__name__}: {msg[:300]}"
+        ) from err
+    model.eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, time.perf_counter() - start
+
+
+def _measure_rank(
+    config: BenchConfig, device: Any, world: int, beat: _Heartbeat, spec: dict[str, Any]
+) -> _Measured:
+    import torch.distributed as dist
+
+    from .measure import RssPeak
+
+    load_rss = RssPeak()
+    model, tokenizer, load_s = _load_sharded(config, world, device)
+
+    def tick(arm: str, done: int, total: int) -> None:
+        beat.advance(f"iteration {done}/{total}")
+        dist.barrier()  # outside the timed span: every sample is one collective step
+
+    ctx = _make_ctx(config, model, tokenizer, device, tick)
+    dist.barrier()
+    run = _protocol(ctx, with_comm=True)
+    run.ctx = ctx
+    run.figures.update(
+        {
+            "rank": dist.get_rank(),
+            "pid": os.getpid(),
+            "device": str(device),
+            "load_s": load_s,
+            "load_rss_peak_bytes": load_rss.result().get("rss_peak_bytes"),
+            "local_parameter_bytes": _local_bytes(model),
+        }
+    )
+    run.model_info = {
+        "path": str(config.model_path),
+        "class": type(model).__name__,
+        "model_type": getattr(model.config, "model_type", None),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "load_s": load_s,
+        "load_memory": {"peak_allocated": None, "peak_reserved": None, **load_rss.result()},
+    }
+    return run
+
+
+def _local_bytes(model: Any) -> int:
+    """Bytes of the parameters this rank holds (its shards, not the global tensors)."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return int(total)
+
+
+def _communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
+    """Time inside collectives during one extra profiled step (never a timed one).
+
+    CPU (gloo): the union of the rank's c10d / functional-c10d op intervals, i.e. the time
+    the rank's thread spent inside collective calls. CUDA: the union of NCCL kernels on
+    the device. Share = that time / the profiled step's wall time (profiler overhead
+    included in both).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pypto_capture import synchronize
+
+    if device.type == "npu":
+        return {
+            "seconds": None,
+            "step_seconds": None,
+            "share": None,
+            "method": None,
+            "unmeasured": "HCCL time needs torch_npu.profiler (not wired yet)",
+        }
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with torch.inference_mode(), profile(activities=activities) as prof:
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        wall = time.perf_counter() - start
+    spans = []
+    for e in prof.events():
+        name = str(e.name)
+        if device.type == "cuda":
+            on_device = "cuda" in str(getattr(e, "device_type", "")).lower()
+            hit = on_device and "nccl" in name.lower()
+        else:
+            hit = name.startswith(COLLECTIVE_PREFIXES)
+        if hit:
+            spans.append((float(e.time_range.start), float(e.time_range.end)))
+    busy_us, calls = _union(spans)
+    seconds = busy_us / 1e6
+    return {
+        "seconds": seconds,
+        "step_seconds": wall,
+        "share": seconds / wall if wall > 0 else None,
+        "collective_spans": calls,
+        "method": (
+            "torch.profiler: NCCL kernels on the device (union)"
+            if device.type == "cuda"
+            else "torch.profiler: c10d / _c10d_functional ops on the rank (union)"
+        ),
+    }
+
+
+def _union(spans: list[tuple[float, float]]) -> tuple[float, int]:
+    total = 0.0
+    count = 0
+    end = float("-inf")
+    for a, b in sorted(spans):
+        if a >= end:
+            total += b - a
+            count += 1
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total, count
+
+
+def _build_report(
+    config: BenchConfig,
+    spec: dict[str, Any],
+    device: Any,
+    run: _Measured,
+    baseline: _Measured,
+    ranks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Rank 0: the aggregate arm, every rank's figures, baseline, scaling, agreement."""
+    from dataclasses import replace
+
+    from pypto_capture import device_name
+
+    from .measure import count_tokens, match_rate, summarize, summarize_seconds
+    from .report import ArmResult, new_report
+
+    report = new_report(
+        replace(config, command_line=spec["command_line"]),
+        device=device,
+        device_name=device_name(device),
+    )
+    report.model = run.model_info
+    n_iter = len(run.figures["samples_s"])
+    # One collective step ends when its slowest rank does.
+    step = [max(r["samples_s"][i] for r in ranks) for i in range(n_iter)]
+    tokens = run.figures["tokens_per_iter"]
+    arm = ArmResult(name="eager")
+    arm.seconds = summarize_seconds(step)
+    arm.tokens_per_s = summarize(
+        [t / s if s > 0 else 0.0 for t, s in zip(tokens, step, strict=True)]
+    )
+    arm.tokens_per_iter = list(tokens)
+    arm.memory = run.arm.memory
+    arm.details = dict(run.arm.details)
+    arm.details["ranks"] = config.nproc
+    if config.regime == "decode":
+        arm.ttft_s = summarize_seconds(
+            [max(r["ttft_s"][i] for r in ranks) for i in range(len(run.figures["ttft_s"]))]
+        )
+    agreement = _agreement(config, run, baseline, count_tokens, match_rate)
+    arm.token_match = agreement.get("token_match")
+    if not agreement["ok"]:
+        msg = f"eager on {config.nproc} ranks: {agreement['summary']}"
+        arm.warnings.append(msg)
+        report.warnings.append(msg)
+    report.arms = [arm]
+    base_best = baseline.arm.tokens_per_s.get("best")
+    best = arm.tokens_per_s.get("best")
+    speedup = best / base_best if best and base_best else None
+    shares: list[float] = [
+        float((r.get("communication") or {})["share"])
+        for r in ranks
+        if (r.get("communication") or {}).get("share") is not None
+    ]
+    report.distributed = {
+        "nproc": config.nproc,
+        "device_type": spec["device_type"],
+        "backend": spec["backend"],
+        "threads_per_rank": spec["threads"],
+        "launcher": "torch.distributed.launcher.api.elastic_launch (c10d rendezvous on 127.0.0.1)",
+        "tp_plan": spec["plan"],
+        "aggregate_tokens_per_s": arm.tokens_per_s,
+        "step_s": _spread(step),
+        "communication_share": _spread(shares),
+        "ranks": sorted(ranks, key=lambda r: r["rank"]),
+        "baseline": {
+            "nproc": 1,
+            "device": str(device),
+            "tokens_per_s": baseline.arm.tokens_per_s,
+            "seconds": baseline.arm.seconds,
+            "memory": baseline.arm.memory,
+        },
+        "speedup": speedup,
+        "scaling_efficiency": speedup / config.nproc if speedup is not None else None,
+        "agreement": agreement,
+    }
+    report.finish()
+    return report.to_dict()
+
+
+def _agreement(
+    config: BenchConfig, run: _Measured, baseline: _Measured, count_tokens: Any, match_rate: Any
+) -> dict[str, Any]:
+    ref, got = baseline.output, run.output
+    if config.regime == "prefill":
+        dtype = str(run.model_info.get("dtype"))
+        atol = LOGITS_ATOL.get(dtype, 5e-2)
+        diff = float((ref - got).abs().max()) if ref.shape == got.shape else float("inf")
+        ok = diff <= atol
+        n = [ref.shape[1]] * ref.shape[0]
+        match = match_rate(ref.argmax(-1), got.argmax(-1), n, n)
+        return {
+            "compared": "prefill logits vs the 1-rank run",
+            "max_abs_diff": diff,
+            "atol": atol,
+            "ok": ok,
+            "token_match": match,
+            "summary": f"prefill logits differ from the 1-rank run by {diff:.3g} (atol {atol:g})",
+        }
+    eos = run.ctx.eos_ids if run.ctx is not None else []
+    match = match_rate(ref, got, count_tokens(ref, eos), count_tokens(got, eos))
+    rate = match.get("rate")
+    return {
+        "compared": "greedy decode tokens vs the 1-rank run",
+        "ok": rate == 1.0,
+        "token_match": match,
+        "summary": f"decode tokens match the 1-rank run at {rate}",
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(_launcher_main(sys.argv[1]))

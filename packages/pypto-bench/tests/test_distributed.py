@@ -1,0 +1,193 @@
+"""--nproc 2 on CPU (gloo, 2 ranks on the 2 cores): tiny Llama prefill, sharded by its plan.
+
+One launch for the module (the prefill run below); the refusals are checked without any
+launch: they must happen before a process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from pypto_bench import BadInputError, BenchConfig, open_session, schema
+from pypto_bench.cli import main
+from pypto_bench.distributed import check_tp_plan, run_distributed, visible_devices
+from pypto_bench.errors import EXIT, NoTensorParallelPlanError
+from pypto_bench.report import format_table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _dist_fixtures import alive, group_members, make_tiny_gpt2, reference_logits
+
+pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
+
+
+def _config(folder, **kw):
+    values = dict(
+        model_path=str(folder),
+        device="cpu",
+        regime="prefill",
+        seq=8,
+        batch=1,
+        arms=("eager",),
+        warmup=1,
+        iters=2,
+        dtype="float32",
+        measure_bandwidth=False,
+        nproc=2,
+    )
+    values.update(kw)
+    return BenchConfig(**values)
+
+
+@pytest.fixture(scope="module")
+def llama_run(tiny_llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    report = run_distributed(
+        _config(tiny_llama, report_file=str(out / "r.json")), state_dir=out / "state"
+    )
+    return report, out
+
+
+def test_prefill_logits_equal_single_process(llama_run, tiny_llama):
+    import torch
+
+    report, out = llama_run
+    from transformers import AutoTokenizer
+
+    from pypto_bench.bench import make_prompt_ids
+
+    saved = torch.load(out / "state" / "outputs.pt")
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_llama), local_files_only=True)
+    ids = make_prompt_ids(tok, 1, 8, {0, 1, 2})
+    ref = reference_logits(tiny_llama, ids)
+    assert saved["distributed"].shape == ref.shape
+    assert (saved["distributed"] - ref).abs().max() < 1e-4
+    assert (saved["baseline"] - ref).abs().max() < 1e-5
+    agreement = report.distributed["agreement"]
+    assert agreement["ok"]
+    assert agreement["max_abs_diff"] < 1e-4
+    assert report.arms[0].token_match["rate"] == 1.0
+
+
+def test_report_gathers_every_rank(llama_run):
+    report, out = llama_run
+    dist = report.distributed
+    assert report.ok
+    assert dist["nproc"] == 2
+    assert dist["backend"] == "gloo"
+    assert dist["threads_per_rank"] >= 1
+    assert [r["rank"] for r in dist["ranks"]] == [0, 1]
+    full = report.model["parameters"] * 4  # fp32
+    for r in dist["ranks"]:
+        s = r["step_s"]
+        assert 0 < s["min"] <= s["median"] <= s["max"]
+        assert len(r["samples_s"]) == 2
+        assert r["memory"]["rss_peak_bytes"] > 0
+        comm = r["communication"]
+        assert comm["collective_spans"] > 0
+        assert 0 < comm["share"] < 1
+        # Sharded: each rank holds well under the whole model.
+        assert r["local_parameter_bytes"] < 0.8 * full
+    # The collective step ends with its slowest rank.
+    slowest = [max(r["samples_s"][i] for r in dist["ranks"]) for i in range(2)]
+    assert report.arms[0].seconds["samples"] == pytest.approx(slowest)
+    assert dist["aggregate_tokens_per_s"]["best"] == pytest.approx(8 / min(slowest))
+    base = dist["baseline"]["tokens_per_s"]["best"]
+    assert dist["speedup"] == pytest.approx(dist["aggregate_tokens_per_s"]["best"] / base)
+    assert dist["scaling_efficiency"] == pytest.approx(dist["speedup"] / 2)
+    table = format_table(report)
+    assert "2 ranks (gloo" in table
+    assert "rank 1: step ms min/median/max" in table
+    written = json.loads((out / "r.json").read_text())
+    jsonschema.validate(written, schema())
+    assert written["config"]["nproc"] == 2
+    assert written["distributed"]["ranks"][1]["communication"]["share"] > 0
+
+
+def test_no_process_outlives_the_run(llama_run):
+    _, out = llama_run
+    state = out / "state"
+    pids = [json.loads((state / f"rank{r}.json").read_text())["pid"] for r in (0, 1)]
+    assert not any(alive(p) for p in pids)
+    launcher = int((state / "launcher.pid").read_text())
+    assert group_members(launcher) == []
+
+
+def test_too_many_ranks_refused_before_launch(tiny_llama, tmp_path, capsys):
+    n = visible_devices("cpu") + 1
+    report = tmp_path / "r.json"
+    rc = main(
+        ["run", "--model-path", str(tiny_llama), "--device", "cpu", "--regime", "prefill",
+         "--arms", "eager", "--nproc", str(n), "--report-file", str(report)]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == EXIT.TOO_MANY_RANKS
+    lines = [ln for ln in err.splitlines() if "error" in ln]
+    assert len(lines) == 1
+    assert f"--nproc {n}" in lines[0]
+    assert "CPU cores" in lines[0]
+    assert "launching" not in err
+    assert not report.exists()
+
+
+def test_model_without_plan_names_the_fallback(tmp_path, capsys):
+    folder = make_tiny_gpt2(tmp_path / "gpt2")
+    rc = main(
+        ["run", "--model-path", str(folder), "--device", "cpu", "--regime", "prefill",
+         "--arms", "eager", "--nproc", "2"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == EXIT.USAGE
+    assert "no tensor-parallel plan" in err
+    assert "pipeline placement" in err
+    assert "device map" in err
+    assert "launching" not in err
+    with pytest.raises(NoTensorParallelPlanError):
+        check_tp_plan(_config(folder))
+
+
+def test_heads_not_divisible_refused(tiny_llama):
+    with pytest.raises(BadInputError, match="not divisible by --nproc 3"):
+        check_tp_plan(_config(tiny_llama, nproc=3))
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"arms": ("eager", "graph")}, "--arms eager"),
+        ({"regime": "diffusion-generate"}, "--regime prefill"),
+        ({"nproc": 0}, "--nproc must be"),
+        ({"rank_timeout": 0}, "--rank-timeout"),
+        ({"batch": 1, "batches": (1, 2)}, "not a sweep"),
+    ],
+)
+def test_bad_requests_are_usage_errors(tiny_llama, kw, words):
+    with pytest.raises(BadInputError, match=words.replace("-", r"\-")):
+        _config(tiny_llama, **kw).validate()
+
+
+def test_fingerprint_unchanged_for_one_process(tiny_llama):
+    assert "nproc" not in _config(tiny_llama, nproc=1).to_dict()
+    assert _config(tiny_llama).to_dict()["nproc"] == 2
+
+
+def test_session_is_one_process(tiny_llama):
+    with pytest.raises(BadInputError, match="--nproc 1"):
+        open_session(_config(tiny_llama))
+
+
+def test_flags_reach_the_config():
+    import argparse
+
+    from pypto_bench import add_bench_arguments, bench_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    cfg = bench_config_from_args(p.parse_args(["--nproc", "2", "--rank-timeout", "30"]))
+    assert cfg.nproc == 2
+    assert cfg.rank_timeout == 30.0
