@@ -45,6 +45,7 @@ TABLES: list[tuple[str, str]] = [
     ("pypto_capture.npu_names", "NPU_API_TABLE"),
     ("pypto_bench.environment", "NPU_API_TABLE"),
     ("pypto_kernels_common.npu", "NPU_API_TABLE"),  # PyPTO names, checked against pypto
+    ("pypto_models_gutenocr.npu", "NPU_API_TABLE"),
 ]
 
 CANN_MATRIX = ROOT / "packages" / "pypto-env" / "src" / "pypto_env" / "cann-matrix.toml"

@@ -46,10 +46,56 @@ def test_policy_loads_from_json(tmp_path):
     assert cfg.to_dict()["source"] == str(path)
 
 
+def test_v2_policy_carries_aclgraph_and_the_expected_change_with_its_source(tmp_path):
+    path = tmp_path / "p.json"
+    rule = {
+        "max_batch": None,
+        "switches": {"swiglu_mlp": True},
+        "use_acl_graph": True,
+        "expected_change_pct": 3.25,
+        "expected_source": "cost model, batch 1",
+        "reason": "measured",
+    }
+    path.write_text(json.dumps({"schema_version": 2, "rules": [rule]}))
+    d = pk.DynamicPTOConfig.from_json(path).for_batch(7)
+    assert (d.use_acl_graph, d.expected_change_pct) == (True, 3.25)
+    assert d.to_dict()["expected_source"] == "cost model, batch 1"
+    assert d.line() == (
+        "batch 7: rms_norm=off mrope=off swiglu_mlp=on; aclgraph on; "
+        "expected change +3.2% (cost model, batch 1); reason: measured"
+    )
+    # A v1 file (no such fields) still loads; it says it carries no measurement.
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"schema_version": 1, "rules": [{"max_batch": None, "reason": "r"}]}))
+    d1 = pk.DynamicPTOConfig.from_json(v1).for_batch(1)
+    assert d1.use_acl_graph is None
+    assert d1.expected_change_pct is None
+    assert "aclgraph not set by the policy; expected change unknown (not measured" in d1.line()
+
+
 @pytest.mark.parametrize(
     ("doc", "msg"),
     [
-        ({"schema_version": 2, "rules": []}, "schema_version 1"),
+        ({"schema_version": 3, "rules": []}, "schema_version 2"),
+        ({"schema_version": 2, "rules": {}}, "'rules' must be a list"),
+        (
+            {
+                "schema_version": 2,
+                "rules": [{"max_batch": None, "use_acl_graph": "yes", "reason": "x"}],
+            },
+            "use_acl_graph must be true, false or null",
+        ),
+        (
+            {
+                "schema_version": 2,
+                "rules": [{"max_batch": None, "expected_change_pct": "5%", "reason": "x"}],
+            },
+            "expected_change_pct must be a number",
+        ),
+        (
+            {"schema_version": 2, "rules": [{"max_batch": True, "reason": "x"}]},
+            "positive",
+        ),
         (
             {"schema_version": 1, "rules": [{"max_batch": 4, "switches": {}, "reason": "x"}]},
             "last rule",

@@ -29,6 +29,9 @@ def test_cases_cover_the_real_model_shapes():
     assert shapes["rms_norm.decode"]["hidden_states"] == [1, 1, 2048]
     assert shapes["mrope.prefill.s64"]["q"] == [1, 16, 64, 128]
     assert shapes["mrope.prefill.s64"]["cos"] == [3, 1, 64, 128]
+    # Per-head q_norm / k_norm (16 query heads, 8 key heads, head_dim 128).
+    assert shapes["rms_norm.q_norm.per_head.s64"]["hidden_states"] == [1, 64, 16, 128]
+    assert shapes["rms_norm.k_norm.per_head.s64"]["hidden_states"] == [1, 64, 8, 128]
     for n in (1, 8, 16, 64):
         s = shapes[f"swiglu_mlp.n{n}"]
         assert s["x"] == [n, 2048]
@@ -69,3 +72,15 @@ def test_make_inputs_is_deterministic_per_seed():
     case = CASES[0]
     a, b = precision.make_inputs(case), precision.make_inputs(case)
     assert torch.equal(a["hidden_states"], b["hidden_states"])
+
+
+@pytest.mark.parametrize(
+    "case_id", ["rms_norm.q_norm.per_head.s64", "rms_norm.k_norm.per_head.s64"]
+)
+def test_per_head_norm_cases_are_inside_the_rms_norm_envelope(case_id):
+    """They reach the PyPTO kernel (rows = S x heads, hidden = head_dim), not a fallback."""
+    from pypto_kernels_gutenocr import ENVELOPES
+
+    case = next(c for c in CASES if c.id == case_id)
+    inputs = precision.make_inputs(case)
+    assert ENVELOPES["rms_norm"].violation([inputs["hidden_states"], inputs["weight"]]) is None

@@ -270,3 +270,111 @@ def mrope_kernel(
             pypto.assemble(pypto.cast(kx * c + ky * s * sign, dt), [0, 0, 0, start], k_out)
 
     return mrope
+
+
+# --------------------------------------------------------------------------- unfused (cost model)
+
+
+def rms_norm_split_kernels(
+    bk: Backend, hidden: int, dtype: torch.dtype, eps: float, tiles: Tiles = RMS_TILES
+):
+    """RMSNorm as two kernels: per-row rstd (fp32 [N, 1]), then ``x * rstd * w``.
+
+    Only the cost-model policy tool uses these: the unfused side of the comparison. Two
+    launches is a lower bound of eager torch's seven (cast, pow, mean, add, rsqrt, mul,
+    mul), so the fused kernel's measured saving is, if anything, understated.
+    """
+    pypto = bk.pypto
+    dt = bk.dtype(dtype)
+    fp32 = pypto.DT_FP32
+    n = pypto.frontend.dynamic("rms_split_rows")
+    tr = tiles.rows
+    inv_h = 1.0 / hidden
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def rms_stats(x: pypto.Tensor((n, hidden), dt), rstd: pypto.Tensor((n, 1), pypto.DT_FP32)):
+        pypto.set_vec_tile_shapes(tiles.vec_rows, min(hidden, tiles.vec_cols))
+        for i in pypto.loop((n + tr - 1) // tr):
+            off = i * tr
+            end = pypto.min(off + tr, n)
+            xf = pypto.cast(
+                pypto.view(x, [tr, hidden], [off, 0], valid_shape=[end - off, hidden]), fp32
+            )
+            mean = pypto.sum(xf * xf, -1, keepdim=True) * inv_h
+            pypto.assemble(pypto.rsqrt(mean + eps), [off, 0], rstd)
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def rms_apply(
+        x: pypto.Tensor((n, hidden), dt),
+        rstd: pypto.Tensor((n, 1), pypto.DT_FP32),
+        w: pypto.Tensor((hidden,), dt),
+        out: pypto.Tensor((n, hidden), dt),
+    ):
+        pypto.set_vec_tile_shapes(tiles.vec_rows, min(hidden, tiles.vec_cols))
+        wf = pypto.cast(pypto.reshape(w, [1, hidden]), fp32)
+        for i in pypto.loop((n + tr - 1) // tr):
+            off = i * tr
+            end = pypto.min(off + tr, n)
+            xf = pypto.cast(
+                pypto.view(x, [tr, hidden], [off, 0], valid_shape=[end - off, hidden]), fp32
+            )
+            r = pypto.view(rstd, [tr, 1], [off, 0], valid_shape=[end - off, 1])
+            pypto.assemble(pypto.cast(xf * r * wf, dt), [off, 0], out)
+
+    return rms_stats, rms_apply
+
+
+@functools.lru_cache(maxsize=64)
+def rope_one_kernel(
+    bk: Backend,
+    batch: int,
+    heads: int,
+    seq: int,
+    head_dim: int,
+    sections: tuple[int, ...],
+    dtype: torch.dtype,
+):
+    """One tensor's MRoPE rotation (q or k alone): the unfused side, launched once per tensor.
+
+    Only the cost-model policy tool uses it; :func:`mrope_kernel` rotates q and k in one.
+    """
+    pypto = bk.pypto
+    dt = bk.dtype(dtype)
+    fp32 = pypto.DT_FP32
+    half = head_dim // 2
+    chunks: list[tuple[int, int, int]] = []
+    off = 0
+    for _rep in range(2):
+        for axis, length in enumerate(sections):
+            chunks.append((axis, off, length))
+            off += length
+    chunk_ids = list(range(len(chunks)))
+    axes = [c[0] for c in chunks]
+    starts = [c[1] for c in chunks]
+    lengths = [c[2] for c in chunks]
+    partners = [c[1] + half if c[1] < half else c[1] - half for c in chunks]
+    signs = [-1.0 if c[1] < half else 1.0 for c in chunks]
+
+    @pypto.frontend.jit(**bk.jit_options())
+    def rope_one(
+        x: pypto.Tensor((batch, heads, seq, head_dim), dt),
+        cos: pypto.Tensor((3, batch, seq, head_dim), dt),
+        sin: pypto.Tensor((3, batch, seq, head_dim), dt),
+        x_out: pypto.Tensor((batch, heads, seq, head_dim), dt),
+    ):
+        pypto.set_vec_tile_shapes(1, 1, min(seq, 64), 64)
+        for ci in chunk_ids:
+            axis = axes[ci]
+            start = starts[ci]
+            length = lengths[ci]
+            partner = partners[ci]
+            sign = signs[ci]
+            c = pypto.cast(pypto.view(cos, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
+            s = pypto.cast(pypto.view(sin, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
+            c = pypto.reshape(c, [batch, 1, seq, length])
+            s = pypto.reshape(s, [batch, 1, seq, length])
+            xx = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, start]), fp32)
+            xy = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, partner]), fp32)
+            pypto.assemble(pypto.cast(xx * c + xy * s * sign, dt), [0, 0, 0, start], x_out)
+
+    return rope_one

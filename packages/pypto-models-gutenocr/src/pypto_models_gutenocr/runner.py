@@ -14,17 +14,17 @@ import json
 import logging
 import os
 import platform
-import resource
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 import pypto_kernels_gutenocr as kernels
-from pypto_bench.measure import count_tokens, summarize_seconds
+from pypto_bench.measure import RssPeak, count_tokens, summarize_seconds
+from pypto_bench.measure import summarize as summarize_samples
 from pypto_capture import (
     DeviceNotAvailableError,
     InvalidDeviceSpecError,
@@ -37,25 +37,45 @@ from pypto_capture import (
 from .configuration import MRopeSectionError
 from .errors import AskError, BadInputError, EnvironmentMissingError, ModelLoadError
 from .modeling import GutenOCRForConditionalGeneration
+from .npu import EXPERIMENTAL_ON, NPU
 
 log = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: The seed's protocol: warm up with short generations of this many new tokens (compiles
+#: and caches every shape without paying for a full-length run), then time ``runs`` full
+#: ones and report their mean.
+WARMUP_NEW_TOKENS = 10
+#: Timed runs per phase (the seed averages 5).
+DEFAULT_RUNS = 5
+#: ``ask``'s default output length; ``bench`` uses the seed script's 100.
+ASK_OUTPUT_LENGTH = 50
+BENCH_OUTPUT_LENGTH = 100
+DEFAULT_WARMUP = 5
 
 __all__ = [
+    "ASK_OUTPUT_LENGTH",
+    "BENCH_OUTPUT_LENGTH",
+    "DEFAULT_RUNS",
+    "DEFAULT_WARMUP",
     "SCHEMA_VERSION",
+    "WARMUP_NEW_TOKENS",
     "AskError",
     "AskOptions",
     "BadInputError",
     "EnvironmentMissingError",
     "ImageTextProcessor",
     "ModelLoadError",
+    "Plan",
     "build_inputs",
     "compile_model",
     "device_for",
     "kernel_switches",
     "load_model",
+    "load_policy",
     "load_processor",
     "model_path_or_error",
+    "plan",
     "run",
     "summarize",
     "write_json",
@@ -67,7 +87,7 @@ class AskOptions:
     model_path: str | None
     prompt: str = "你好"
     device: str = "auto"
-    warmup: int = 5
+    warmup: int = DEFAULT_WARMUP
     use_pto: bool = False
     use_compile: bool = False
     use_acl_graph: bool = False
@@ -77,9 +97,9 @@ class AskOptions:
     backend: str | None = None
     mode: str | None = None
     batch: int = 1
-    output_length: int = 50
+    output_length: int = ASK_OUTPUT_LENGTH
     image: str | None = None
-    runs: int = 1
+    runs: int = DEFAULT_RUNS
     dtype: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -95,16 +115,21 @@ def device_for(spec: str | None) -> torch.device:
         raise EnvironmentMissingError(f"--device {spec}: {err}") from err
 
 
-def _peak_memory(device: torch.device) -> dict[str, Any]:
-    """Peak memory of the timed runs: allocator peak on a device, process peak RSS on CPU.
+def _peak_memory(device: torch.device, rss: RssPeak | None) -> dict[str, Any]:
+    """Peak memory of the timed runs: allocator peak on a device, resident-set peak on CPU.
 
-    torch keeps no allocator counters for CPU tensors; the peak RSS is the closest
-    figure there, but it cannot be reset, so it includes the model load.
+    torch keeps no allocator counters for CPU tensors (they read 0, which looks like a
+    measurement), so on the CPU the figure is the process's VmHWM, reset just before the
+    timed runs (pypto-bench's :class:`RssPeak`), so it excludes the model load.
     """
     if device.type == "cpu":
-        # ru_maxrss is KiB on Linux.
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return {"peak_allocated": rss, "kind": "process_peak_rss"}
+        got = (rss or RssPeak()).result()
+        return {
+            "peak_allocated": got["rss_peak_bytes"],
+            "kind": "process_peak_rss",
+            "method": got["rss_method"],
+            "unavailable": got["rss_unavailable"],
+        }
     stats = memory_stats(device)
     return {
         "peak_allocated": stats.peak_allocated,
@@ -251,44 +276,152 @@ def build_inputs(proc, opts: AskOptions, config) -> dict[str, torch.Tensor]:
     return dict(tok([text] * opts.batch, return_tensors="pt", padding=True))
 
 
+def load_policy(opts: AskOptions) -> kernels.DynamicPTOConfig:
+    """``--policy-file``, else the measured policy shipped with pypto-kernels-gutenocr."""
+    if opts.policy_file:
+        return kernels.DynamicPTOConfig.from_json(opts.policy_file)
+    return kernels.DynamicPTOConfig.default()
+
+
+@dataclass
+class Plan:
+    """What a run will do once flags and the batch policy are combined, and why."""
+
+    opts: AskOptions
+    decision: kernels.Decision | None = None
+    policy_source: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The human lines the CLI prints on stderr before running."""
+        out = []
+        if self.decision is not None:
+            out.append(f"policy {self.policy_source}: {self.decision.line()}")
+        return out + self.notes
+
+
+def plan(opts: AskOptions) -> Plan:
+    """Combine ``--use_dynamic_config`` with the other flags; nothing is silently ignored.
+
+    The policy implies the kernels (``--use_pto``) and, where it says so, aclgraph. An
+    explicit ``--use_compile`` or ``--use_acl_graph`` wins over the policy's graph choice,
+    and the note says so.
+    """
+    if not opts.use_dynamic_config:
+        return Plan(opts, notes=_graph_notes(opts))
+    if opts.batch < 1:
+        raise BadInputError(f"--batch must be >= 1, got {opts.batch}")
+    cfg = load_policy(opts)
+    decision = cfg.for_batch(opts.batch)
+    notes: list[str] = []
+    if not opts.use_pto:
+        opts = replace(opts, use_pto=True)
+        notes.append("--use_dynamic_config implies --use_pto: the policy's switches apply")
+    b = opts.batch
+    if decision.use_acl_graph is True:
+        if opts.use_compile:
+            notes.append(
+                f"--use_compile given: the policy's aclgraph (on for batch {b}) is not used"
+            )
+        elif not opts.use_acl_graph:
+            opts = replace(opts, use_acl_graph=True)
+            notes.append(
+                f"--use_dynamic_config turns aclgraph on (the policy's choice at batch {b})"
+            )
+    elif decision.use_acl_graph is False and opts.use_acl_graph:
+        notes.append(f"--use_acl_graph given: kept, although the policy says off at batch {b}")
+    return Plan(opts, decision, cfg.source, notes + _graph_notes(opts))
+
+
+def _graph_notes(opts: AskOptions) -> list[str]:
+    """The aclgraph fallback, stated before the run (on stderr by the CLI)."""
+    if not opts.use_acl_graph:
+        return []
+    missing = torchair_missing()
+    if missing is None:
+        return []
+    return [
+        acl_graph_fallback_note(missing, opts.backend or "inductor", opts.mode or ACL_GRAPH_MODE)
+    ]
+
+
 @contextlib.contextmanager
 def kernel_switches(opts: AskOptions) -> Iterator[dict[str, Any]]:
     """Switches for the run (all on, the batch policy, or none) and why."""
+    if opts.use_dynamic_config:
+        cfg = load_policy(opts)
+        with cfg.apply(opts.batch) as decision:
+            yield {"policy": cfg.source, **decision.to_dict()}
+        return
     if not opts.use_pto:
         with kernels.pto_switches(rms_norm=False, mrope=False, swiglu_mlp=False):
             yield {"policy": "off"}
-        return
-    if opts.use_dynamic_config:
-        cfg = (
-            kernels.DynamicPTOConfig.from_json(opts.policy_file)
-            if opts.policy_file
-            else kernels.DynamicPTOConfig()
-        )
-        with cfg.apply(opts.batch) as decision:
-            yield {"policy": cfg.source, **decision.to_dict()}
         return
     with kernels.pto_switches(rms_norm=True, mrope=True, swiglu_mlp=True):
         yield {"policy": "all"}
 
 
-def compile_model(model, opts: AskOptions) -> dict[str, Any]:
-    """Apply --use_acl_graph / --use_compile; returns what actually ran."""
-    if opts.use_acl_graph:
-        if importlib.util.find_spec("torchair") is not None:
-            import torchair
+ACL_GRAPH_MODE = "reduce-overhead"
 
-            cfg = torchair.CompilerConfig()
-            cfg.mode = opts.mode or "reduce-overhead"
-            backend = torchair.get_npu_backend(compiler_config=cfg)
-            model.forward = torch.compile(model.forward, backend=backend, dynamic=False)
-            return {"graph": "torchair", "mode": cfg.mode}
-        mode = opts.mode or "reduce-overhead"
-        model.forward = torch.compile(model.forward, backend=opts.backend or "inductor", mode=mode)
+
+def torchair_missing() -> str | None:
+    """None when torchair (shipped inside torch_npu) imports here, else why not."""
+    if (
+        importlib.util.find_spec("torch_npu") is None
+        and importlib.util.find_spec("torchair") is None
+    ):
+        return "torchair is not installed (it ships with torch_npu)"
+    try:
+        NPU.resolve("torchair")
+    except ImportError as err:
+        return f"torchair does not import ({err})"
+    return None
+
+
+def _torchair_backend(mode: str) -> Any:
+    """The seed's torchair configuration; every name is declared in :mod:`.npu`."""
+    cfg = NPU.resolve("torchair.CompilerConfig")()
+    cfg.mode = mode  # instance attributes set in __init__ (declared members, checked)
+    for name in EXPERIMENTAL_ON:
+        setattr(cfg.experimental_config, name, True)
+    get_backend = NPU.resolve("torchair.get_npu_backend")
+    return get_backend(**NPU.kwargs("torchair.get_npu_backend", compiler_config=cfg))
+
+
+def compile_model(model, opts: AskOptions) -> dict[str, Any]:
+    """Apply --use_acl_graph / --use_compile; returns what actually ran.
+
+    ``--use_acl_graph`` is the seed's recipe: torchair's NPU backend (mode reduce-overhead,
+    frozen_parameter and tiling_schedule_optimize on) under
+    ``torch.compile(dynamic=True, fullgraph=True)``; without torchair the same
+    ``torch.compile`` call with the plain backend, and the report says so.
+    """
+    if opts.use_acl_graph or opts.use_compile:
+        # Each run loads a fresh model whose forward is the same code object as the last
+        # run's (bench runs two phases): without a reset their compiled entries pile up
+        # against dynamo's recompile limit, which fullgraph=True turns into a hard failure.
+        torch._dynamo.reset()
+    if opts.use_acl_graph:
+        mode = opts.mode or ACL_GRAPH_MODE
+        compile_kw: dict[str, Any] = {"dynamic": True, "fullgraph": True}
+        missing = torchair_missing()
+        if missing is None:
+            backend = _torchair_backend(mode)
+            model.forward = torch.compile(model.forward, backend=backend, **compile_kw)
+            return {
+                "graph": "torchair",
+                "mode": mode,
+                **{name: True for name in EXPERIMENTAL_ON},
+                **compile_kw,
+            }
+        name = opts.backend or "inductor"
+        model.forward = torch.compile(model.forward, backend=name, mode=mode, **compile_kw)
         return {
             "graph": "torch.compile",
-            "backend": opts.backend or "inductor",
+            "backend": name,
             "mode": mode,
-            "note": "torchair not installed: --use_acl_graph used torch.compile",
+            **compile_kw,
+            "note": acl_graph_fallback_note(missing, name, mode),
         }
     if opts.use_compile:
         model.forward = torch.compile(
@@ -298,8 +431,20 @@ def compile_model(model, opts: AskOptions) -> dict[str, Any]:
     return {"graph": "eager"}
 
 
-def run(opts: AskOptions) -> dict[str, Any]:
-    """One phase: load, (compile), warmup, timed generate runs; returns a report dict."""
+def acl_graph_fallback_note(missing: str, backend: str, mode: str) -> str:
+    return (
+        f"--use_acl_graph: {missing}; falling back to plain torch.compile(backend={backend}, "
+        f"mode={mode}, dynamic=True, fullgraph=True)"
+    )
+
+
+def run(opts: AskOptions | Plan) -> dict[str, Any]:
+    """One phase: load, (compile), warmup, timed generate runs; returns a report dict.
+
+    ``opts`` is combined with the batch policy by :func:`plan` unless it already is a plan.
+    """
+    the_plan = opts if isinstance(opts, Plan) else plan(opts)
+    opts = the_plan.opts
     if opts.batch < 1 or opts.output_length < 1 or opts.warmup < 0 or opts.runs < 1:
         raise BadInputError("--batch, --output_length and runs must be >= 1, --warmup >= 0")
     if opts.image and not Path(opts.image).is_file():
@@ -320,12 +465,18 @@ def run(opts: AskOptions) -> dict[str, Any]:
         "do_sample": False,
         "pad_token_id": getattr(proc, "tokenizer", proc).pad_token_id,
     }
+    warm = {**gen, "max_new_tokens": WARMUP_NEW_TOKENS, "min_new_tokens": WARMUP_NEW_TOKENS}
+    prompt_len = inputs["input_ids"].shape[1]
+    eos_ids = _eos_ids(model.generation_config.eos_token_id)
     with kernel_switches(opts) as switch_info, torch.no_grad():
+        warmup_tokens: list[int] = []
         for _ in range(opts.warmup):
-            model.generate(**inputs, **gen)
+            out = model.generate(**inputs, **warm)
+            warmup_tokens.append(int(out.shape[1] - prompt_len))
+        synchronize(device)
         kernels.stats.reset()
         reset_peak_memory(device)
-        eos_ids = _eos_ids(model.generation_config.eos_token_id)
+        rss = RssPeak() if device.type == "cpu" else None
         times: list[float] = []
         tokens: list[int] = []
         for _ in range(opts.runs):
@@ -334,15 +485,20 @@ def run(opts: AskOptions) -> dict[str, Any]:
             out = model.generate(**inputs, **gen)
             synchronize(device)
             times.append(time.perf_counter() - t)
-            new = out[:, inputs["input_ids"].shape[1] :]
+            new = out[:, prompt_len:]
             # Summed over the batch, each row up to and including its EOS.
             tokens.append(sum(count_tokens(new, eos_ids)))
+        peak = _peak_memory(device, rss)
         kernel_report = kernels.report()
     tok = getattr(proc, "tokenizer", proc)
     text = tok.batch_decode(new, skip_special_tokens=True)
     timing = summarize_seconds(times)
-    gen_s = timing["best"]
-    n_tok = tokens[times.index(gen_s)]
+    # The headline is the mean of the timed runs (the seed's protocol); best, median and
+    # stdev stand beside it in generate_s_stats so a noisy run is visible.
+    gen_s = timing["mean"]
+    n_tok = sum(tokens) / len(tokens)
+    if n_tok == int(n_tok):
+        n_tok = int(n_tok)
     return {
         "schema_version": SCHEMA_VERSION,
         "model_path": str(path),
@@ -353,17 +509,23 @@ def run(opts: AskOptions) -> dict[str, Any]:
         "batch": opts.batch,
         "output_length": opts.output_length,
         "warmup": opts.warmup,
+        "warmup_new_tokens": warmup_tokens,
         "runs": opts.runs,
         "load_s": load_s,
         "generate_s": gen_s,
+        "generate_s_estimator": "mean",
         "generate_s_all": timing["samples"],
         "generate_s_stats": timing,
         "tokens": n_tok,
+        "tokens_all": tokens,
         "tok_per_s": n_tok / gen_s if gen_s > 0 else None,
-        "peak_memory": _peak_memory(device),
+        "tok_per_s_stats": summarize_rates(tokens, times),
+        "synchronized": True,
+        "peak_memory": peak,
         "graph": graph,
         "use_pto": opts.use_pto,
         "switch_policy": switch_info,
+        "plan_notes": list(the_plan.notes),
         "kernels": kernel_report,
         "text": text,
         "env": {
@@ -373,6 +535,11 @@ def run(opts: AskOptions) -> dict[str, Any]:
             "pypto_kernels_gutenocr": kernels.__version__,
         },
     }
+
+
+def summarize_rates(tokens: Sequence[int], times: Sequence[float]) -> dict[str, Any]:
+    """tok/s per timed run: best (max), median, mean of the per-run rates, stdev."""
+    return summarize_samples([n / t for n, t in zip(tokens, times, strict=True) if t > 0])
 
 
 def _delta(base: float | None, new: float | None) -> float | None:
@@ -389,6 +556,12 @@ def summarize(baseline: dict[str, Any], pypto: dict[str, Any]) -> dict[str, Any]
             "pypto": pypto[key],
             "delta_pct": _delta(baseline[key], pypto[key]),
         }
+    # The mean is the headline; best / median / stdev of each phase stand beside it.
+    for key, stats_key in (("generate_s", "generate_s_stats"), ("tok_per_s", "tok_per_s_stats")):
+        rows[key]["estimator"] = "mean"
+        for phase, rep in (("baseline", baseline), ("pypto", pypto)):
+            st = rep.get(stats_key) or {}
+            rows[key][f"{phase}_stats"] = {k: st.get(k) for k in ("best", "median", "stdev")}
     b, p = baseline["peak_memory"]["peak_allocated"], pypto["peak_memory"]["peak_allocated"]
     rows["peak_memory_bytes"] = {
         "baseline": b,
