@@ -156,6 +156,15 @@ def test_heads_not_divisible_refused(tiny_llama):
         check_tp_plan(_config(tiny_llama, nproc=3))
 
 
+def test_per_layer_head_counts_are_checked_per_layer(tmp_path):
+    """Gemma 4's config refuses a global read of its per-layer KV head count."""
+    from pypto_testing.gemma4 import make_tiny_gemma4
+
+    folder = make_tiny_gemma4(tmp_path / "gemma4", "31b", vision=False)
+    with pytest.raises(BadInputError, match="num_key_value_heads = 1 of 'gemma4'"):
+        check_tp_plan(_config(folder, nproc=2))
+
+
 @pytest.mark.parametrize(
     ("kw", "words"),
     [

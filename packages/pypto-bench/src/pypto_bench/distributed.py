@@ -185,14 +185,28 @@ def check_tp_plan(config: BenchConfig) -> str:
             "an accelerate-style device map (device_map='auto'), is not implemented yet"
         )
     for name in ("num_attention_heads", "num_key_value_heads"):
-        heads = getattr(text, name, None)
-        if isinstance(heads, int) and heads % config.nproc:
+        for heads in _head_counts(text, name):
+            if heads % config.nproc == 0:
+                continue
             raise BadInputError(
                 f"{name} = {heads} of {model_type!r} is not divisible by --nproc "
                 f"{config.nproc}: tensor parallelism splits heads evenly, pick an --nproc "
                 "that divides it"
             )
     return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
+
+
+def _head_counts(text: Any, name: str) -> set[int]:
+    """Every value of a head count: one global value, or per layer where the config varies
+    it (Gemma 4's configs refuse the global read of a per-layer attribute)."""
+    try:
+        heads = getattr(text, name, None)
+    except Exception:  # a per-layer attribute read globally
+        heads = None
+    if isinstance(heads, int):
+        return {heads}
+    layers = getattr(text, "per_layer_config", None) or []
+    return {h for c in layers if isinstance(h := getattr(c, name, None), int)}
 
 
 def free_port() -> int:
