@@ -17,6 +17,7 @@ import pytest
 from pypto_bench import EXIT as BENCH_EXIT
 from pypto_e2e import EXIT as E2E_EXIT
 from pypto_e2e import MANIFEST_NAME
+from pypto_testing.folders import folder_bytes
 
 pytest.importorskip("pypto_models_llada2")
 
@@ -36,10 +37,7 @@ def _cli(module: str, *args: str, timeout: float = 900) -> subprocess.CompletedP
     )
 
 
-def _state(folder: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
+_state = folder_bytes
 
 
 @pytest.fixture(scope="module")

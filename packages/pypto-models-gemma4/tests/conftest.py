@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pypto_testing.folders import folder_bytes
 from pypto_testing.gemma4 import make_tiny_gemma4
 
 
@@ -71,11 +72,7 @@ def pinned_copy(tmp_path):
     return make
 
 
-def folder_state(folder: Path) -> dict[str, bytes]:
-    """Every file's bytes: "nothing changed on disk" is this dict, before == after."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
+folder_state = folder_bytes  # "nothing changed on disk" = before == after
 
 
 @pytest.fixture

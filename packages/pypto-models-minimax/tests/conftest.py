@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pypto_testing.folders import folder_bytes
+
 # transformers < 5.12 has no minimax_m3_vl: this package does not install there (its range
 # starts at 5.12), and a shared environment at an older transformers collects nothing here.
 if importlib.util.find_spec("transformers.models.minimax_m3_vl") is None:  # pragma: no cover
@@ -77,11 +79,7 @@ def copy_of(tmp_path):
     return make
 
 
-def folder_state(folder: Path) -> dict[str, bytes]:
-    """Every file's bytes: "nothing changed on disk" is this dict, before == after."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
-    }
+folder_state = folder_bytes  # "nothing changed on disk" = before == after
 
 
 @pytest.fixture
