@@ -13,10 +13,12 @@ expert intermediate 1536) and LLaDA2.0-mini (hidden 2048, expert intermediate 51
   launches of the same one-expert MLP, cycles = E x one launch (derived, not simulated E
   times: the launches are identical).
 
-Both simulated kernels get the best of a small cube-tile search (``--no-search``: the
-package defaults only); the search is printed. Expert weights are stacked with 16
-experts in the simulated calls: the grouped kernel reads only the selected ones, so
-the count does not change its cycles.
+Each simulated kernel gets the best of its own tile search over the same candidates
+(cube_k L0/L1 depth x cube_n, each kernel shrinking the L1 depth to divide its matmul
+depths, ``kernels.fit_k``); ``--no-search`` runs the package defaults only
+(``GROUPED_TILES``, ``PER_EXPERT_TILES``). The search is printed. Expert weights are
+stacked with 16 experts in the simulated calls: the grouped kernel reads only the
+selected ones, so the count does not change its cycles.
 
 Prefill (``--mode prefill``, 512 tokens, top-8, package default tiles): the
 expert-major kernel (one launch; rows grouped by expert, each expert's weights read
@@ -42,7 +44,7 @@ from typing import Any
 from pypto_kernels_common import sim as pypto_sim
 from pypto_kernels_common.costmodel import cube_fits
 from pypto_kernels_moe.costmodel import MoESimulator
-from pypto_kernels_moe.kernels import EXPERT_MAJOR_TILES, GROUPED_TILES, Tiles
+from pypto_kernels_moe.kernels import EXPERT_MAJOR_TILES, GROUPED_TILES, PER_EXPERT_TILES, Tiles
 from pypto_kernels_moe.package import INSTALL_HINT
 
 MODELS = {
@@ -51,22 +53,21 @@ MODELS = {
 }
 
 
-def candidates(search: bool) -> list[Tiles]:
+#: (cube_k L0, cube_k L1) x cube_n searched for both kernels (bf16; filtered by the L0/L1
+#: sizes). The wider search of issue #15 (merge counts, vector tiles, gate and up as two
+#: matmuls, the loop structure) is recorded in docs/benchmarks.md.
+CUBE_K = ((64, 256), (64, 512), (64, 768), (128, 512), (128, 1024), (128, 1536))
+CUBE_N = (128, 256)
+
+
+def candidates(search: bool, default: Tiles) -> list[Tiles]:
     if not search:
-        return [GROUPED_TILES]
+        return [default]
     out = []
-    for k0, k1 in (
-        (64, 256),
-        (128, 128),
-        (128, 256),
-        (128, 512),
-        (256, 256),
-        (256, 512),
-        (512, 512),
-    ):
-        for n in (128, 256, 512):
+    for k0, k1 in CUBE_K:
+        for n in CUBE_N:
             if cube_fits(16, k0, k1, n, 2):
-                out.append(dataclasses.replace(GROUPED_TILES, cube_k=(k0, k1), cube_n=(n, n)))
+                out.append(dataclasses.replace(default, cube_k=(k0, k1), cube_n=(n, n)))
     return out
 
 
@@ -122,15 +123,19 @@ def main() -> int:
                 f"{name}: tokens {n}, top-{k} of {e}, hidden {h}, expert intermediate {i}",
                 file=sys.stderr,
             )
-            tiles = candidates(not args.no_search)
             g, g_tried = best(
                 sim,
                 "grouped",
                 {"tokens": n, "top_k": k, "hidden": h, "inter": i, "experts": 16},
-                tiles,
+                candidates(not args.no_search, GROUPED_TILES),
             )
             # Decode: each hit expert has n rows at most (1 at batch 1).
-            p, p_tried = best(sim, "per_expert", {"rows": n, "hidden": h, "inter": i}, tiles)
+            p, p_tried = best(
+                sim,
+                "per_expert",
+                {"rows": n, "hidden": h, "inter": i},
+                candidates(not args.no_search, PER_EXPERT_TILES),
+            )
             hit = min(e, n * k)
             loop_us = hit * p["sim_us"]
             dense_us = e * p["sim_us"]
@@ -189,7 +194,9 @@ PREFILL = {
 
 
 def _one(sim: MoESimulator, kernel: str, shape: dict[str, int]) -> float | None:
-    tiles = EXPERT_MAJOR_TILES if kernel == "expert_major" else GROUPED_TILES
+    tiles = {"expert_major": EXPERT_MAJOR_TILES, "per_expert": PER_EXPERT_TILES}.get(
+        kernel, GROUPED_TILES
+    )
     r = sim.simulate(kernel, shape, "bf16", tiles)
     print(
         f"  {kernel:12s} {shape} "

@@ -65,6 +65,7 @@ def build_call(
             torch.zeros(n, k),
             torch.zeros(e, 2 * i, h, dtype=dt),
             torch.zeros(e, h, i, dtype=dt),
+            torch.empty(n, k * h, dtype=dt),
             torch.empty(n, h, dtype=dt),
         )
         return fn, args

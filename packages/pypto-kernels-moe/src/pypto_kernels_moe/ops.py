@@ -137,6 +137,7 @@ def _eager(
             weights.to(torch.float32).contiguous(),
             gate_up.detach().contiguous(),
             down.detach().contiguous(),
+            x.new_empty(t, k * h),  # scratch: each slot's contribution, summed in order
             out,
         )
         return out
