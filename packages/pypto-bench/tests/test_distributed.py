@@ -168,7 +168,8 @@ def test_per_layer_head_counts_are_checked_per_layer(tmp_path):
 @pytest.mark.parametrize(
     ("kw", "words"),
     [
-        ({"arms": ("eager", "graph")}, "--arms eager"),
+        ({"arms": ("eager", "graph")}, "graph arm in the decode regime only"),
+        ({"arms": ("eager", "hf-compile"), "regime": "decode"}, "eager and graph arms only"),
         ({"regime": "diffusion-generate"}, "--regime prefill"),
         ({"nproc": 0}, "--nproc must be"),
         ({"rank_timeout": 0}, "--rank-timeout"),
@@ -200,3 +201,50 @@ def test_flags_reach_the_config():
     cfg = bench_config_from_args(p.parse_args(["--nproc", "2", "--rank-timeout", "30"]))
     assert cfg.nproc == 2
     assert cfg.rank_timeout == 30.0
+
+
+def test_noise_guard_assesses_the_distributed_run(llama_run):
+    """The noise guard ran on the multi-rank report (it was null there): the aggregate
+    arm's and the 1-rank baseline's spreads and the load over both runs, with the ranks
+    counted as this run's own work, not as other load."""
+    report, out = llama_run
+    noise = report.noise
+    assert noise is not None
+    where = {(c["name"], c["where"]) for c in noise["checks"]}
+    assert ("spread", "eager") in where
+    assert ("spread", "1-rank baseline / eager") in where
+    assert ("load", "run") in where
+    load = noise["load"]
+    assert "process group" in load["method"]
+    assert load["own_share"] > 0  # the ranks' work is the run's own
+    arm_held = [c for c in noise["checks"] if c["holds"] and c["where"] in ("eager", "run")]
+    assert bool(report.arms[0].unreliable) == bool(arm_held)
+    written = json.loads((out / "r.json").read_text())
+    assert written["noise"]["checks"] == noise["checks"]
+
+
+def test_group_load_sampler_counts_the_group_as_own_work():
+    """A busy process of the sampled group is own work; without the group it would be the
+    "other load" that marks a 2-rank run noisy on every 2-core machine."""
+    import os
+    import subprocess
+    import time
+
+    from pypto_bench.distributed import GroupLoadSampler
+
+    burner = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(0.3)
+        sampler = GroupLoadSampler(os.getpgid(burner.pid))
+        time.sleep(1.0)
+        load = sampler.stop()
+    finally:
+        burner.kill()
+        burner.wait()
+    assert "process group" in load["method"]
+    cores = os.cpu_count() or 1
+    assert load["own_share"] > 0.3 / cores  # one busy core, at least partly scheduled
+    assert load["own_share"] + load["other_share"] <= 1.0 + 1e-9

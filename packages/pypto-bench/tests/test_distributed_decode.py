@@ -1,5 +1,6 @@
-"""--nproc 2 decode, eager arm (generate on the sharded Llama): greedy tokens equal the
-single-process generate. One launch."""
+"""--nproc 2 decode, eager arm (generate on the sharded Llama) and graph arm (the captured
+decode step, torch.compile tracing the TP all-reduces under gloo): greedy tokens equal the
+single-process generate. One launch for both arms."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def decode_run(tiny_llama, tmp_path_factory):
         regime="decode",
         seq=8,
         gen=6,
-        arms=("eager",),
+        arms=("eager", "graph"),
         warmup=0,
         iters=2,
         dtype="float32",
@@ -52,3 +53,41 @@ def test_decode_tokens_equal_single_process(decode_run, tiny_llama):
     assert arm.ttft_s["samples"]
     assert arm.tokens_per_iter == [5, 5]
     assert report.distributed["aggregate_tokens_per_s"]["best"] > 0
+
+
+def test_graph_decode_tokens_equal_single_process(decode_run, tiny_llama):
+    """The graph arm across ranks (it was refused): dynamo traces the sharded model's
+    all-reduces into one graph; inductor runs it without freezing (which cannot fold the
+    process group the collectives take). Its tokens equal the 1-process eager ones."""
+    import torch
+
+    report, root = decode_run
+    saved = torch.load(root / "state" / "outputs.pt")
+    graph = saved["arms"]["graph"]
+    assert torch.equal(graph["distributed"].long(), saved["distributed"].long())
+    assert torch.equal(graph["baseline"].long(), saved["baseline"].long())
+    arms = {a.name: a for a in report.arms}
+    assert arms["graph"].ok
+    assert arms["graph"].details["backend"] == "compile"
+    assert arms["graph"].token_match["rate"] == 1.0
+    dist = report.distributed["arms"]["graph"]
+    assert dist["agreement"]["ok"]
+    assert dist["capture"]["freezing"] is False
+    assert dist["aggregate_tokens_per_s"]["best"] > 0
+    assert dist["scaling_efficiency"] is not None
+    ranks = report.distributed["ranks"]
+    assert all(r["arms"]["graph"]["samples_s"] for r in ranks)
+
+
+@pytest.mark.skip(
+    reason="needs >= 2 CUDA GPUs or Ascend NPUs: the graph arm with NCCL / HCCL collectives "
+    "inside a CUDA graph / NPU graph is designed (README, --nproc) but not wired; it is "
+    "refused before launching"
+)
+def test_graph_arm_with_device_collectives():
+    """Design, for the machine that has them: each rank captures the decode step with the
+    fused backend (torch.compile mode="reduce-overhead": CUDA graphs) after a warm-up
+    that creates the NCCL communicator outside capture (NCCL >= 2.9.6 allows capture of
+    collectives; TORCH_NCCL_ASYNC_ERROR_HANDLING must not abort a captured stream);
+    every rank captures the same sequence of collectives; replays are barrier-aligned.
+    NPU: torch.npu.NPUGraph with HCCL ops captured after torch_npu.distributed init."""

@@ -301,6 +301,9 @@ class _Ctx:
     #: Bandwidth and matmul peak, measured once per invocation and shared by a sweep's
     #: per-batch contexts (``dataclasses.replace`` keeps this same dict).
     ceilings: dict[str, Any] = field(default_factory=dict)
+    #: A ``pypto_capture.GraphBackend`` object used instead of ``config.graph_backend``
+    #: (--nproc ranks: inductor's freezing cannot fold a process group into a constant).
+    graph_backend: Any = None
 
 
 class _Memory:
@@ -435,10 +438,10 @@ def _graph_decode_iteration(ctx: _Ctx, arm: ArmResult) -> Callable[[], tuple[Any
         ctx.model,
         batch_size=cfg.batch,
         max_cache_len=cfg.seq + cfg.gen,
-        backend=cfg.graph_backend,
+        backend=ctx.graph_backend or cfg.graph_backend,
         device=ctx.device,
         dtype=dtype,
-        compile_mode=cfg.compile_mode,
+        compile_mode=None if ctx.graph_backend is not None else cfg.compile_mode,
     )
     arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
     if getattr(runner, "compile_mode_reason", None):
