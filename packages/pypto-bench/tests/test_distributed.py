@@ -230,7 +230,7 @@ def test_group_load_sampler_counts_the_group_as_own_work():
     import subprocess
     import time
 
-    from pypto_bench.distributed import GroupLoadSampler
+    from pypto_bench.distributed import group_load_sampler
 
     burner = subprocess.Popen(
         [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"],
@@ -238,7 +238,7 @@ def test_group_load_sampler_counts_the_group_as_own_work():
     )
     try:
         time.sleep(0.3)
-        sampler = GroupLoadSampler(os.getpgid(burner.pid))
+        sampler = group_load_sampler(os.getpgid(burner.pid))
         time.sleep(1.0)
         load = sampler.stop()
     finally:

@@ -1228,7 +1228,7 @@ def _load_context(
     the model, device and prompt the bench measured.
     """
     from .environment import prepare_device_env
-    from .loading import check_model_folder, eos_token_ids, load_model
+    from .loading import check_model_folder, load_model
 
     check_model_folder(config.model_path)
     warnings = prepare_device_env(config.device)
@@ -1277,13 +1277,29 @@ def _load_context(
             **load_rss.result(),
         },
     }
+    ctx = make_context(config, model, tokenizer, device, progress)
+    return ctx, model_info, warnings
+
+
+def make_context(
+    config: BenchConfig, model: Any, tokenizer: Any, device: Any, progress: ProgressFn | None
+) -> _Ctx:
+    """The prompt and everything an arm runner needs, for a loaded model.
+
+    One definition for the single-process bench and each rank of ``--nproc``: every run
+    builds its prompt from the same rule (same special-token exclusions, same offsets).
+    """
+    import torch
+
+    from .loading import eos_token_ids
+
     eos = eos_token_ids(model, tokenizer)
     special = set(eos) | {
         t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
     }
     special |= set(getattr(tokenizer, "all_special_ids", []) or [])
     input_ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
-    ctx = _Ctx(
+    return _Ctx(
         special_ids=special,
         config=config,
         model=model,
@@ -1295,7 +1311,6 @@ def _load_context(
         pad_id=tokenizer.pad_token_id,
         progress=progress,
     )
-    return ctx, model_info, warnings
 
 
 class BenchSession:

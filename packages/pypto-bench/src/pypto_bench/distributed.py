@@ -623,7 +623,7 @@ def _rank_work(spec: dict[str, Any], rank: int, beat: _Heartbeat) -> None:
     try:
         baseline = None
         # The noise guard's load window: both measurements (rank 0 holds the sampler).
-        load = GroupLoadSampler(os.getpgid(0)) if rank == 0 else None
+        load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
         if rank == 0:
             beat.advance("1-rank baseline")
             baseline = _baseline(config, device, beat)
@@ -674,29 +674,9 @@ class _Measured:
 
 
 def _make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick: Any) -> Any:
-    import torch
+    from .bench import make_context
 
-    from .bench import _Ctx, make_prompt_ids
-    from .loading import eos_token_ids
-
-    eos = eos_token_ids(model, tokenizer)
-    special = set(eos) | {
-        t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id) if t is not None
-    }
-    special |= set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids = make_prompt_ids(tokenizer, config.batch, config.seq, special).to(device)
-    return _Ctx(
-        special_ids=special,
-        config=config,
-        model=model,
-        tokenizer=tokenizer,
-        device=device,
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        eos_ids=eos,
-        pad_id=tokenizer.pad_token_id,
-        progress=tick,
-    )
+    return make_context(config, model, tokenizer, device, tick)
 
 
 def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
@@ -1108,44 +1088,19 @@ def _guard_noise(report: Report, baselines: list[Any], load: dict[str, Any] | No
         report.warnings.append(line)
 
 
-class GroupLoadSampler:
+GROUP_METHOD = (
+    "/proc/stat busy jiffies minus those of the run's process group (every rank, "
+    "the launcher; utime+stime+cutime+cstime), over all cores' jiffies"
+)
+
+
+def group_load_sampler(pgid: int) -> Any:
     """``noise.LoadSampler`` for a run spread over processes: this run's own work is every
     process of the launcher's process group (each rank, the agent, their compile workers),
     so two ranks sharing the cores are not each other's "other load"."""
+    from .noise import LoadSampler
 
-    def __init__(self, pgid: int) -> None:
-        from .noise import _proc_stat
-
-        self.pgid = pgid
-        self._stat = _proc_stat()
-        self._own = group_jiffies(pgid)
-        self._t0 = time.monotonic()
-
-    def stop(self) -> dict[str, Any]:
-        """The shape of ``noise.LoadSampler.stop()``."""
-        from .noise import _loadavg, _proc_stat
-
-        stat = _proc_stat()
-        own = group_jiffies(self.pgid)
-        out: dict[str, Any] = {
-            "seconds": time.monotonic() - self._t0,
-            "cpu_count": os.cpu_count(),
-            "loadavg_1m": _loadavg(),
-            "other_share": None,
-            "own_share": None,
-        }
-        if stat and self._stat and stat[1] > self._stat[1]:
-            total = stat[1] - self._stat[1]
-            mine = max(0, own - self._own)
-            out["other_share"] = min(1.0, max(0.0, (stat[0] - self._stat[0] - mine) / total))
-            out["own_share"] = min(1.0, mine / total)
-            out["method"] = (
-                "/proc/stat busy jiffies minus those of the run's process group (every rank, "
-                "the launcher; utime+stime+cutime+cstime), over all cores' jiffies"
-            )
-            return out
-        out["method"] = "os.getloadavg() 1-minute average per core (includes this run)"
-        return out
+    return LoadSampler(lambda: group_jiffies(pgid), GROUP_METHOD)
 
 
 def group_jiffies(pgid: int) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,19 +121,37 @@ def _own_jiffies() -> int | None:
     return total
 
 
-class LoadSampler:
-    """How much of the machine other processes used between construction and ``stop``."""
+#: How ``LoadSampler`` counts this run's own CPU time by default.
+OWN_PROCESS_METHOD = (
+    "/proc/stat busy jiffies minus this process's and its descendants' "
+    "(utime+stime+cutime+cstime), over all cores' jiffies"
+)
 
-    def __init__(self) -> None:
+
+class LoadSampler:
+    """How much of the machine other processes used between construction and ``stop``.
+
+    ``own_jiffies`` counts the run's own CPU time (default: this process and its
+    descendants; ``--nproc`` passes its launcher's process group) and ``method`` says so
+    in the report.
+    """
+
+    def __init__(
+        self,
+        own_jiffies: Callable[[], int | None] | None = None,
+        method: str = OWN_PROCESS_METHOD,
+    ) -> None:
+        self._own_fn = own_jiffies or _own_jiffies
+        self._method = method
         self._stat = _proc_stat()
-        self._own = _own_jiffies() if self._stat is not None else None
+        self._own = self._own_fn() if self._stat is not None else None
         self._t0 = time.monotonic()
 
     def stop(self) -> dict[str, Any]:
         """``other_share`` (0-1 of all cores; None without /proc), ``loadavg_1m``,
         ``cpu_count``, ``seconds`` and ``method``."""
         stat = _proc_stat()
-        own = _own_jiffies() if stat is not None else None
+        own = self._own_fn() if stat is not None else None
         out: dict[str, Any] = {
             "seconds": time.monotonic() - self._t0,
             "cpu_count": os.cpu_count(),
@@ -147,10 +166,7 @@ class LoadSampler:
                 mine = max(0, own - self._own)
                 out["other_share"] = min(1.0, max(0.0, (busy - mine) / total))
                 out["own_share"] = min(1.0, mine / total)
-                out["method"] = (
-                    "/proc/stat busy jiffies minus this process's and its descendants' "
-                    "(utime+stime+cutime+cstime), over all cores' jiffies"
-                )
+                out["method"] = self._method
                 return out
         out["method"] = "os.getloadavg() 1-minute average per core (includes this run)"
         return out
