@@ -144,3 +144,17 @@ def test_plugin_claims_only_marked_models_and_switches_everything_inside_enable(
     json.dumps(rep)
     with pytest.raises(ValueError, match="not a GutenOCR model"), PLUGIN.enable(plain):
         pass
+
+
+def test_plugin_report_covers_its_own_enable_only():
+    """A bench arm's plug-in report must not count calls made before it (other tests, arms)."""
+    from pypto_kernels_gutenocr import stats
+
+    class Marked(torch.nn.Module):
+        pypto_kernel_family = "gutenocr"
+
+    stats.record_fallback("rms_norm", "an earlier run's fallback")
+    assert PLUGIN.report()["calls"]["rms_norm"]["reference"] >= 1
+    with PLUGIN.enable(Marked()):
+        assert PLUGIN.report()["calls"]["rms_norm"]["reference"] == 0
+    assert "rms_norm" not in PLUGIN.report()["fallback_reasons"]

@@ -162,6 +162,7 @@ class Gemma4AttentionPlugin:
                 f"model; this plug-in covers model_type {' / '.join(MODEL_TYPES)}"
             )
         modules = self._modules(model)
+        PACKAGE.stats.reset()  # report() covers this enable(): one arm's calls
         if not modules:
             raise ValueError(f"{type(model).__name__} has no {ATTENTION_CLASS} layers to route")
         configs: dict[int, Any] = {}

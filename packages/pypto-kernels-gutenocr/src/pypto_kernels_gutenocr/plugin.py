@@ -35,6 +35,7 @@ class GutenOCRKernelPlugin:
     def enable(self, model: torch.nn.Module) -> Iterator[None]:
         if not self.applies_to(model):
             raise ValueError(f"{type(model).__name__} is not a GutenOCR model with kernel hooks")
+        stats.reset()  # report() covers this enable(): one arm's calls, not the process's
         with pto_switches(dict.fromkeys(self.ops, True)):
             yield
 

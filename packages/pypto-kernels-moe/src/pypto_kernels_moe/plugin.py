@@ -97,6 +97,7 @@ class MoEKernelPlugin:
             raise ValueError(
                 f"{type(model).__name__} has no fused gated experts the grouped GEMM can run"
             )
+        PACKAGE.stats.reset()  # report() covers this enable(): one arm's calls
         restore = []
         try:
             for name, module, (act, alpha, limit) in targets:
