@@ -617,11 +617,14 @@ def test_capture_released_alone_installs_from_the_index_next_to_torch_and_captur
         import torch
         import pypto_capture as pc
 
+        torch.manual_seed(0)
         module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
         x = torch.randn(2, 8)
         with torch.no_grad():
             result = pc.capture_and_replay(lambda: module(x), warmup=1, replays=3)
-            assert torch.allclose(result.output, module(x))
+            # CPU compile freezes and pre-packs the weights: the GEMM's rounding may differ
+            # from eager's in the last bits (fp32), not more.
+            torch.testing.assert_close(result.output, module(x), rtol=1e-5, atol=1e-6)
         assert "transformers" not in sys.modules
         print(pc.__version__, result.backend, len(result.times_s), pc.__file__)
         """
