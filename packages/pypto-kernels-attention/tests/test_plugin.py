@@ -85,24 +85,10 @@ def test_sliding_only_covers_the_sliding_layers(model):
 
 @pytest.mark.slow
 def test_pypto_graph_arm_runs_the_kernel_on_every_replay(tiny_gemma4, pypto_cpu):
-    from pypto_bench import BenchConfig, run_bench
+    from pypto_testing.bench import fused_arm_run
 
     gen = 3
-    report = run_bench(
-        BenchConfig(
-            model_path=str(tiny_gemma4),
-            device="cpu",
-            regime="decode",
-            seq=4,
-            gen=gen,
-            warmup=0,
-            iters=1,
-            dtype="float32",
-            arms=("eager", "graph", "pypto+graph"),
-            measure_bandwidth=False,
-        )
-    )
-    arms = {a["name"]: a for a in report.to_dict()["arms"]}
+    arms = fused_arm_run(tiny_gemma4, gen=gen)
     for name in ("eager", "graph", "pypto+graph"):
         assert arms[name]["ok"], arms[name].get("error")
     fused = arms["pypto+graph"]

@@ -59,9 +59,9 @@ def family_run(request, tmp_path_factory):
 
     from transformers import AutoModelForCausalLM
 
-    from pypto_bench import BenchConfig, run_bench
     from pypto_kernels_moe import PACKAGE, fitting_experts
     from pypto_patch import apply
+    from pypto_testing.bench import fused_arm_run
 
     module, builder, kwargs, regime, _, gen = FAMILIES[family]
     folder = tmp_path_factory.mktemp(family) / "model"
@@ -71,22 +71,7 @@ def family_run(request, tmp_path_factory):
     acts = [a for _, _, a in fitting_experts(model)]
     del model
     PACKAGE.stats.reset()
-    report = run_bench(
-        BenchConfig(
-            model_path=str(folder),
-            device="cpu",
-            regime=regime,
-            seq=4,
-            gen=gen,
-            warmup=0,
-            iters=1,
-            dtype="float32",
-            arms=("eager", "graph", "pypto+graph"),
-            trust_remote_code=True,
-            measure_bandwidth=False,
-        )
-    )
-    arms = {a["name"]: a for a in report.to_dict()["arms"]}
+    arms = fused_arm_run(folder, gen=gen, regime=regime, trust_remote_code=True)
     return family, acts, arms
 
 

@@ -104,23 +104,9 @@ def test_enable_wraps_the_exact_moe_forward_and_restores_it(qwen3_moe):
 
 
 def _bench(folder, gen):
-    from pypto_bench import BenchConfig, run_bench
+    from pypto_testing.bench import fused_arm_run
 
-    report = run_bench(
-        BenchConfig(
-            model_path=str(folder),
-            device="cpu",
-            regime="decode",
-            seq=4,
-            gen=gen,
-            warmup=0,
-            iters=1,
-            dtype="float32",
-            arms=("eager", "graph", "pypto+graph"),
-            measure_bandwidth=False,
-        )
-    )
-    arms = {a["name"]: a for a in report.to_dict()["arms"]}
+    arms = fused_arm_run(folder, gen=gen)
     for name in ("eager", "graph", "pypto+graph"):
         assert arms[name]["ok"], arms[name].get("error")
     return arms["pypto+graph"]

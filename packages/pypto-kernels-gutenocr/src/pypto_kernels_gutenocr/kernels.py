@@ -210,6 +210,49 @@ def swiglu_split_kernels(
 # --------------------------------------------------------------------------- MRoPE
 
 
+def _mrope_plan(head_dim: int, sections: tuple[int, ...]) -> dict[str, list[Any]]:
+    """Per rotated chunk: section axis (t, h, w), start, length, rotation partner, sign.
+
+    The sections cover one half of the head dim; the second half repeats them. Lists, not
+    tuples: the kernel parser unrolls loops over constant lists but cannot unpack tuples.
+    """
+    half = head_dim // 2
+    chunks: list[tuple[int, int, int]] = []  # (axis, offset, length)
+    off = 0
+    for rep in range(2):
+        for axis, length in enumerate(sections):
+            chunks.append((axis, off, length))
+            off += length
+        assert off == half * (rep + 1)
+    return {
+        "ids": list(range(len(chunks))),
+        "axes": [c[0] for c in chunks],
+        "starts": [c[1] for c in chunks],
+        "lengths": [c[2] for c in chunks],
+        "partners": [c[1] + half if c[1] < half else c[1] - half for c in chunks],
+        "signs": [-1.0 if c[1] < half else 1.0 for c in chunks],
+    }
+
+
+def _mrope_table(
+    pypto: Any, tab: Any, axis: int, batch: int, seq: int, start: int, length: int
+) -> Any:
+    """One chunk of cos or sin [3, B, S, D], fp32, shaped to broadcast over heads."""
+    t = pypto.cast(pypto.view(tab, [1, batch, seq, length], [axis, 0, 0, start]), pypto.DT_FP32)
+    return pypto.reshape(t, [batch, 1, seq, length])
+
+
+def _mrope_rotated(
+    pypto: Any, x: Any, heads: int, c: Any, s: Any, batch: int, seq: int, chunk: list[Any], dt: Any
+) -> Any:
+    """``x * cos + partner(x) * sin * sign`` for one chunk, cast back to the io dtype."""
+    start, length, partner, sign = chunk
+    fp32 = pypto.DT_FP32
+    xx = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, start]), fp32)
+    xy = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, partner]), fp32)
+    return pypto.cast(xx * c + xy * s * sign, dt)
+
+
 @functools.lru_cache(maxsize=64)
 def mrope_kernel(
     bk: Backend,
@@ -224,23 +267,12 @@ def mrope_kernel(
     """Rotate q and k with cos/sin [3, B, S, D] chosen per mrope section (t, h, w)."""
     pypto = bk.pypto
     dt = bk.dtype(dtype)
-    fp32 = pypto.DT_FP32
-    half = head_dim // 2
-    # The sections cover one half of the head dim; the second half repeats them.
-    chunks: list[tuple[int, int, int]] = []  # (axis, offset, length)
-    off = 0
-    for rep in range(2):
-        for axis, length in enumerate(sections):
-            chunks.append((axis, off, length))
-            off += length
-        assert off == half * (rep + 1)
-    # The parser unrolls loops over constant lists but cannot unpack tuples in them.
-    chunk_ids = list(range(len(chunks)))
-    axes = [c[0] for c in chunks]
-    starts = [c[1] for c in chunks]
-    lengths = [c[2] for c in chunks]
-    partners = [c[1] + half if c[1] < half else c[1] - half for c in chunks]
-    signs = [-1.0 if c[1] < half else 1.0 for c in chunks]
+    plan = _mrope_plan(head_dim, sections)
+    chunk_ids, axes, starts, lengths = plan["ids"], plan["axes"], plan["starts"], plan["lengths"]
+    chunks = [
+        [st, ln, pa, sg]
+        for st, ln, pa, sg in zip(starts, lengths, plan["partners"], plan["signs"], strict=True)
+    ]
 
     @pypto.frontend.jit(**bk.jit_options())
     def mrope(
@@ -256,18 +288,13 @@ def mrope_kernel(
             axis = axes[ci]
             start = starts[ci]
             length = lengths[ci]
-            partner = partners[ci]
-            sign = signs[ci]
-            c = pypto.cast(pypto.view(cos, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
-            s = pypto.cast(pypto.view(sin, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
-            c = pypto.reshape(c, [batch, 1, seq, length])
-            s = pypto.reshape(s, [batch, 1, seq, length])
-            qx = pypto.cast(pypto.view(q, [batch, q_heads, seq, length], [0, 0, 0, start]), fp32)
-            qy = pypto.cast(pypto.view(q, [batch, q_heads, seq, length], [0, 0, 0, partner]), fp32)
-            pypto.assemble(pypto.cast(qx * c + qy * s * sign, dt), [0, 0, 0, start], q_out)
-            kx = pypto.cast(pypto.view(k, [batch, k_heads, seq, length], [0, 0, 0, start]), fp32)
-            ky = pypto.cast(pypto.view(k, [batch, k_heads, seq, length], [0, 0, 0, partner]), fp32)
-            pypto.assemble(pypto.cast(kx * c + ky * s * sign, dt), [0, 0, 0, start], k_out)
+            chunk = chunks[ci]
+            c = _mrope_table(pypto, cos, axis, batch, seq, start, length)
+            s = _mrope_table(pypto, sin, axis, batch, seq, start, length)
+            q_rot = _mrope_rotated(pypto, q, q_heads, c, s, batch, seq, chunk, dt)
+            pypto.assemble(q_rot, [0, 0, 0, start], q_out)
+            k_rot = _mrope_rotated(pypto, k, k_heads, c, s, batch, seq, chunk, dt)
+            pypto.assemble(k_rot, [0, 0, 0, start], k_out)
 
     return mrope
 
@@ -340,20 +367,12 @@ def rope_one_kernel(
     """
     pypto = bk.pypto
     dt = bk.dtype(dtype)
-    fp32 = pypto.DT_FP32
-    half = head_dim // 2
-    chunks: list[tuple[int, int, int]] = []
-    off = 0
-    for _rep in range(2):
-        for axis, length in enumerate(sections):
-            chunks.append((axis, off, length))
-            off += length
-    chunk_ids = list(range(len(chunks)))
-    axes = [c[0] for c in chunks]
-    starts = [c[1] for c in chunks]
-    lengths = [c[2] for c in chunks]
-    partners = [c[1] + half if c[1] < half else c[1] - half for c in chunks]
-    signs = [-1.0 if c[1] < half else 1.0 for c in chunks]
+    plan = _mrope_plan(head_dim, sections)
+    chunk_ids, axes, starts, lengths = plan["ids"], plan["axes"], plan["starts"], plan["lengths"]
+    chunks = [
+        [st, ln, pa, sg]
+        for st, ln, pa, sg in zip(starts, lengths, plan["partners"], plan["signs"], strict=True)
+    ]
 
     @pypto.frontend.jit(**bk.jit_options())
     def rope_one(
@@ -367,14 +386,9 @@ def rope_one_kernel(
             axis = axes[ci]
             start = starts[ci]
             length = lengths[ci]
-            partner = partners[ci]
-            sign = signs[ci]
-            c = pypto.cast(pypto.view(cos, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
-            s = pypto.cast(pypto.view(sin, [1, batch, seq, length], [axis, 0, 0, start]), fp32)
-            c = pypto.reshape(c, [batch, 1, seq, length])
-            s = pypto.reshape(s, [batch, 1, seq, length])
-            xx = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, start]), fp32)
-            xy = pypto.cast(pypto.view(x, [batch, heads, seq, length], [0, 0, 0, partner]), fp32)
-            pypto.assemble(pypto.cast(xx * c + xy * s * sign, dt), [0, 0, 0, start], x_out)
+            c = _mrope_table(pypto, cos, axis, batch, seq, start, length)
+            s = _mrope_table(pypto, sin, axis, batch, seq, start, length)
+            x_rot = _mrope_rotated(pypto, x, heads, c, s, batch, seq, chunks[ci], dt)
+            pypto.assemble(x_rot, [0, 0, 0, start], x_out)
 
     return rope_one
