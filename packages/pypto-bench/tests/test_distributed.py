@@ -248,3 +248,60 @@ def test_group_load_sampler_counts_the_group_as_own_work():
     cores = os.cpu_count() or 1
     assert load["own_share"] > 0.3 / cores  # one busy core, at least partly scheduled
     assert load["own_share"] + load["other_share"] <= 1.0 + 1e-9
+
+
+def _hostile_copy(tiny_llama, tmp_path):
+    """A folder that ships code which would leave a file behind if it ever ran."""
+    import shutil
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(tiny_llama, folder)
+    ran = tmp_path / "shipped-code-ran"
+    (folder / "modeling_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(ran)!r}).write_text('ran')\n"
+    )
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(
+        model_type="pypto_evil",
+        auto_map={
+            "AutoConfig": "modeling_evil.EvilConfig",
+            "AutoModelForCausalLM": "modeling_evil.EvilLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder, ran
+
+
+def test_shipped_code_is_refused_before_launch_and_never_runs(tiny_llama, tmp_path, capsys):
+    from pypto_testing.folders import folder_bytes
+
+    folder, ran = _hostile_copy(tiny_llama, tmp_path)
+    before = folder_bytes(folder)
+    report = tmp_path / "r.json"
+    argv = ["run", "--model-path", str(folder), "--device", "cpu", "--regime", "prefill",
+            "--nproc", "2", "--arms", "eager", "--report-file", str(report)]  # fmt: skip
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT.LOAD_FAILED
+    assert "ships its own code" in err[-1]
+    assert "--trust-remote-code" in err[-1]
+    assert not ran.exists()
+    assert not report.exists()
+    assert folder_bytes(folder) == before
+
+
+@pytest.mark.parametrize(
+    "text", ["[1, 2]", "{" * 100_000 + "}" * 100_000, "\udcff"], ids=["array", "deep", "bytes"]
+)
+def test_hostile_config_json_is_one_line_before_launch(tiny_llama, tmp_path, text):
+    import shutil
+
+    from pypto_bench import ModelNotFoundError
+
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny_llama, folder)
+    raw = text.encode("utf-8", "surrogateescape")
+    (folder / "config.json").write_bytes(raw)
+    with pytest.raises(ModelNotFoundError) as info:
+        check_tp_plan(_config(folder))
+    assert "\n" not in str(info.value)
