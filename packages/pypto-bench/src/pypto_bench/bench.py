@@ -524,15 +524,11 @@ def _run_peer_decode(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
     The first call compiles (untimed, ``compile_s``); warmup and iterations then follow the
     eager arm's loop with the recipe's generate keywords.
     """
-    from pypto_capture import synchronize
-
-    from .peer import forget_compiled_call, generate_kwargs, timed_first_call, used_compiled_call
+    from .peer import forget_compiled_call, generate_kwargs, used_compiled_call
 
     extra = generate_kwargs(_peer_config(ctx, arm))
     try:
-        arm.details["capture_s"] = timed_first_call(
-            lambda: _eager_generate(ctx, extra), synchronize, ctx.device
-        )
+        _, arm.details["capture_s"] = _timed(ctx.device, lambda: _eager_generate(ctx, extra))
         arm.details["compiled"] = used_compiled_call(ctx.model)
         if not arm.details["compiled"]:
             msg = f"{arm.name}: generate did not take its compiled path (ran uncompiled)"
@@ -558,14 +554,12 @@ def _peer_prefill_fn(ctx: _Ctx, arm: ArmResult) -> Callable[[], Any]:
 def _run_peer_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
     import torch
 
-    from pypto_capture import synchronize
-
-    from .peer import forget_compiled_call, timed_first_call
+    from .peer import forget_compiled_call
 
     try:
         fn = _peer_prefill_fn(ctx, arm)
         with torch.inference_mode():
-            arm.details["capture_s"] = timed_first_call(fn, synchronize, ctx.device)
+            _, arm.details["capture_s"] = _timed(ctx.device, fn)
         return _run_eager_prefill(ctx, arm, mem, fn)
     finally:
         forget_compiled_call(ctx.model)

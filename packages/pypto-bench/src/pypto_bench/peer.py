@@ -28,7 +28,6 @@ alternative, not this project's.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -121,12 +120,3 @@ def compiled_prefill(model: Any, config: Any) -> Any:
             "this transformers has no get_compiled_call: the hf-compile arm needs transformers >= 5.8"
         )
     return get(config)
-
-
-def timed_first_call(fn: Any, synchronize: Any, device: Any) -> float:
-    """Seconds of the first (compiling) call, outside the measured iterations."""
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
