@@ -53,12 +53,14 @@ def make_tiny_gpt2(path: Path) -> Path:
     return make_folder(path, "gpt2", n_embd=64, n_layer=2, n_head=4)
 
 
-def reference_logits(folder: Path, ids: Any) -> Any:
+def reference_logits(folder: Path, ids: Any, *, trust_remote_code: bool = False) -> Any:
     """The single-process prefill logits, computed here, independently of the bench."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), local_files_only=True, trust_remote_code=trust_remote_code
+    )
     with torch.inference_mode():
         return model(input_ids=ids, use_cache=False).logits.float()
 

@@ -87,16 +87,14 @@ def _two_cuda_devices() -> bool:
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not _two_cuda_devices(), reason="needs 2 CUDA GPUs (none or one visible)")
-def test_graph_arm_with_device_collectives_is_refused_before_launch(tiny_llama):
-    """The graph arm with NCCL collectives inside a CUDA graph is designed (README,
-    --nproc) but not wired: on a GPU machine it must be refused in one line before any
-    rank starts, never launched half-built."""
-    from pypto_bench import BadInputError
-    from pypto_bench.distributed import check_nproc
-
+def test_graph_arm_captures_nccl_collectives_on_two_gpus(tiny_llama, tmp_path):
+    """The decode step captured in a CUDA graph per rank with its NCCL collectives inside,
+    replayed in lockstep: greedy tokens equal the 1-rank run's."""
     config = BenchConfig(
         model_path=str(tiny_llama), device="cuda", regime="decode", arms=("eager", "graph"),
-        nproc=2, seq=4, gen=3, warmup=0, iters=1, measure_bandwidth=False,
+        nproc=2, seq=4, gen=3, warmup=1, iters=1, dtype="float32", measure_bandwidth=False,
     )  # fmt: skip
-    with pytest.raises(BadInputError, match="NCCL collectives inside is not wired yet"):
-        check_nproc(config)
+    report = run_distributed(config, state_dir=tmp_path / "state")
+    graph = report.distributed["arms"]["graph"]
+    assert graph["capture"]["backend"].startswith("cudagraph")
+    assert graph["agreement"]["token_match"]["rate"] == 1.0

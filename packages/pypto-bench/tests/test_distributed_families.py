@@ -1,6 +1,8 @@
-"""--nproc 2 on the tiny family folders that have a tensor-parallel plan (native
-transformers plans; unpinned folders, see the README's --nproc section): prefill logits
-equal the single-process run. One launch per folder, seq 8, one iteration."""
+"""--nproc 2 on the tiny family folders that have a tensor-parallel plan: native
+transformers plans on unpinned folders, and the in-repo families' own ``pypto_tp_plan``
+on folders pinned by pypto-patch (LLaDA2, MiniMax M2.7 and M3, applied by
+pypto_bench.tensor_parallel): prefill logits equal the single-process run, decode tokens
+(eager and graph arms) equal it. One launch per folder, seq 8, one iteration."""
 
 from __future__ import annotations
 
@@ -18,20 +20,32 @@ from _dist_fixtures import reference_logits
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
 
-def _run(folder: Path, state: Path, dtype: str = "float32"):
-    config = BenchConfig(
-        model_path=str(folder),
-        device="cpu",
-        regime="prefill",
-        seq=8,
-        arms=("eager",),
-        warmup=0,
-        iters=1,
-        dtype=dtype,
-        measure_bandwidth=False,
-        nproc=2,
-    )
-    return run_distributed(config, state_dir=state)
+def _run(folder: Path, state: Path, dtype: str = "float32", **kw):
+    options = {
+        "model_path": str(folder),
+        "device": "cpu",
+        "regime": "prefill",
+        "seq": 8,
+        "arms": ("eager",),
+        "warmup": 0,
+        "iters": 1,
+        "dtype": dtype,
+        "measure_bandwidth": False,
+        "nproc": 2,
+        **kw,
+    }
+    return run_distributed(BenchConfig(**options), state_dir=state)
+
+
+def _pinned(folder: Path, family: str) -> Path:
+    """Pin with pypto-patch; the in-repo family packages are not pypto-bench test needs
+    (skipped where they are not installed, e.g. nox's package(pypto-bench) session)."""
+    pytest.importorskip("pypto_patch")
+    pytest.importorskip({"llada2_moe": "pypto_models_llada2"}.get(family, "pypto_models_minimax"))
+    from pypto_patch import apply
+
+    apply(folder, family=family)
+    return folder
 
 
 def _saved(state: Path):
@@ -102,3 +116,74 @@ def test_gemma4_moe_two_kv_heads_logits_equal_single_process(tmp_path):
     assert report.distributed["agreement"]["max_abs_diff"] < 1e-4
     assert "Gemma4Config" in report.distributed["tp_plan"]
     _sharded(report)
+
+
+# --- in-repo families: their own plan, on pinned folders ---------------------------------
+
+
+def test_llada2_pinned_prefill_logits_equal_single_process(tmp_path):
+    """LLaDA2's fused q|k|v (16 q heads, 4 kv heads: parts of different widths) is cut per
+    part, each rank attends with its heads, ``dense`` and the experts sum over ranks."""
+    from pypto_testing.llada2 import make_tiny_llada2
+
+    folder = _pinned(make_tiny_llada2(tmp_path / "l2"), "llada2_moe")
+    report = _run(folder, tmp_path / "state", trust_remote_code=True)
+    saved = _saved(tmp_path / "state")
+    ref = reference_logits(folder, _prompt(folder), trust_remote_code=True)
+    assert (saved["distributed"] - ref).abs().max() < 1e-4
+    assert report.distributed["agreement"]["ok"]
+    assert report.distributed["tp_plan"].startswith("pypto_tp_plan of LLaDA2MoeConfig")
+    _sharded(report)
+
+
+def test_minimax_m27_pinned_prefill_logits_equal_single_process(tmp_path):
+    from pypto_testing.minimax import make_tiny_minimax_m27
+
+    folder = _pinned(make_tiny_minimax_m27(tmp_path / "m27", weights="float32"), "minimax_m27")
+    report = _run(folder, tmp_path / "state", trust_remote_code=True)
+    saved = _saved(tmp_path / "state")
+    ref = reference_logits(folder, _prompt(folder), trust_remote_code=True)
+    assert (saved["distributed"] - ref).abs().max() < 1e-4
+    assert "PyptoMiniMaxM27Config" in report.distributed["tp_plan"]
+    _sharded(report)
+
+
+def test_minimax_m3_pinned_decode_eager_and_graph_tokens_equal(tmp_path):
+    """M3 (sparse-attention indexer, shared expert): the strict pinned loader, then the
+    family's plan; eager generate and the compiled decode step (collectives traced, the
+    exact capture-safe MoE as in one process) both give the 1-rank tokens."""
+    import torch
+
+    from pypto_testing.minimax import make_tiny_minimax_m3
+
+    folder = _pinned(make_tiny_minimax_m3(tmp_path / "m3", weights="float32"), "minimax_m3")
+    report = _run(
+        folder, tmp_path / "state", trust_remote_code=True, regime="decode", gen=6,
+        arms=("eager", "graph"), ignore_eos=True,
+    )  # fmt: skip
+    saved = _saved(tmp_path / "state")
+    for arm in ("eager", "graph"):
+        pair = saved["arms"][arm]
+        assert torch.equal(pair["distributed"].long(), pair["baseline"].long()), arm
+        assert report.distributed["arms"][arm]["agreement"]["ok"], arm
+    graph = {a.name: a for a in report.arms}["graph"]
+    assert graph.details.get("moe_routing") == "exact"
+    assert "PyptoMiniMaxM3Config" in report.distributed["tp_plan"]
+    _sharded(report)
+
+
+def test_a_folder_cannot_hand_in_its_own_plan(tiny_llama, tmp_path):
+    """transformers copies unknown config.json keys onto the config object: a stranger's
+    ``pypto_tp_plan`` there must not be applied (only the installed class's counts)."""
+    import json
+    import shutil
+
+    from pypto_bench.distributed import check_tp_plan
+
+    folder = tmp_path / "hostile"
+    shutil.copytree(tiny_llama, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["pypto_tp_plan"] = {"embed_tokens": "colwise"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    plan = check_tp_plan(BenchConfig(model_path=str(folder), device="cpu", nproc=2))
+    assert plan.startswith("transformers base_model_tp_plan")

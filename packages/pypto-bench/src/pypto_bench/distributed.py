@@ -48,6 +48,7 @@ from .errors import (
     RankFailedError,
     TooManyRanksError,
 )
+from .tensor_parallel import check_plan, plan_of, shard_model
 
 if TYPE_CHECKING:
     from .bench import BenchConfig, ProgressFn
@@ -55,13 +56,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Regimes and arms measured across ranks in this release. The graph arm (decode only)
-#: runs on CPU: torch.compile traces the TP all-reduces into one graph (functional
-#: collectives) when inductor's freezing is off. CUDA graphs with NCCL and NPU graphs
-#: with HCCL are designed (README, --nproc) but not wired: refused before launching.
+#: Regimes and arms measured across ranks. The graph arm (decode only): on CPU
+#: torch.compile traces the TP collectives into one graph (functional collectives) with
+#: inductor's freezing off; on CUDA and NPU the step is stream-captured with its NCCL /
+#: HCCL collectives inside (CUDA graphs capture NCCL kernels; torch_npu's NPU graphs
+#: capture HCCL tasks), the rank's device graph replayed in lockstep with its peers.
 DISTRIBUTED_REGIMES = ("prefill", "decode")
 DISTRIBUTED_ARMS = ("eager", "graph")
-GRAPH_DEVICE_TYPES = ("cpu",)
+#: ``--graph-backend auto`` across ranks: plain stream capture on accelerators (the eager
+#: step with its collectives inside); compiling first would also trace the collectives
+#: into inductor's graph, one more layer between the bench and the NCCL/HCCL calls.
+DISTRIBUTED_AUTO_BACKEND = {"cpu": "compile", "cuda": "cudagraph", "npu": "npugraph"}
 #: torch.distributed backend per device type (HCCL is registered by torch_npu).
 BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 DEFAULT_RANK_TIMEOUT = 600.0
@@ -81,6 +86,9 @@ LOGITS_EPS_FACTOR = 4.0
 _EPS = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 _POLL_S = 0.2
+#: How a spec's ``plan`` names an in-repo family's ``pypto_tp_plan`` (applied by
+#: :mod:`pypto_bench.tensor_parallel`; every other plan is transformers').
+PYPTO_PLAN_PREFIX = "pypto_tp_plan"
 
 
 # --- checks before launching -------------------------------------------------------------
@@ -160,12 +168,6 @@ def _device_type(config: BenchConfig) -> str:
 def check_nproc(config: BenchConfig) -> str:
     """The device type, after refusing more ranks than visible devices (before launching)."""
     device_type = _device_type(config)
-    if "graph" in config.arms and config.nproc > 1 and device_type not in GRAPH_DEVICE_TYPES:
-        raise BadInputError(
-            f"--nproc {config.nproc} --arms graph on {device_type}: capturing a step with "
-            f"{BACKEND_FOR[device_type].upper()} collectives inside is not wired yet (CPU "
-            "only: torch.compile with the all-reduces traced): pass --arms eager"
-        )
     have = visible_devices(device_type)
     if config.nproc > have:
         what = "CPU cores" if device_type == "cpu" else f"{device_type} devices"
@@ -198,8 +200,13 @@ def check_tp_plan(config: BenchConfig) -> str:
             f"reading {path}/config.json failed: {redact(' '.join(str(err).split()))[:300]}"
         ) from err
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    plan = getattr(cfg, "base_model_tp_plan", None) or getattr(text, "base_model_tp_plan", None)
     model_type = getattr(cfg, "model_type", None) or raw.get("model_type")
+    own = plan_of(cfg) or plan_of(text)
+    if own:  # an in-repo family (a pinned folder): its plan, applied by pypto_bench
+        check_plan(own, text, config.nproc)
+        _check_heads(text, model_type, config.nproc)
+        return f"{PYPTO_PLAN_PREFIX} of {type(cfg).__name__} ({len(own)} rules, in-repo family)"
+    plan = getattr(cfg, "base_model_tp_plan", None) or getattr(text, "base_model_tp_plan", None)
     if not plan:
         raise NoTensorParallelPlanError(
             f"model type {model_type!r} has no tensor-parallel plan (its config's "
@@ -207,16 +214,20 @@ def check_tp_plan(config: BenchConfig) -> str:
             "with --nproc 1; the fallback for prefill, pipeline placement across devices with "
             "an accelerate-style device map (device_map='auto'), is not implemented yet"
         )
+    _check_heads(text, model_type, config.nproc)
+    return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
+
+
+def _check_heads(text: Any, model_type: Any, nproc: int) -> None:
     for name in ("num_attention_heads", "num_key_value_heads"):
         for heads in _head_counts(text, name):
-            if heads % config.nproc == 0:
+            if heads % nproc == 0:
                 continue
             raise BadInputError(
                 f"{name} = {heads} of {model_type!r} is not divisible by --nproc "
-                f"{config.nproc}: tensor parallelism splits heads evenly, pick an --nproc "
+                f"{nproc}: tensor parallelism splits heads evenly, pick an --nproc "
                 "that divides it"
             )
-    return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
 
 
 def _head_counts(text: Any, name: str) -> set[int]:
@@ -690,6 +701,7 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
         _prefill_fn,
         _run_eager_decode,
         _run_eager_prefill,
+        _moe_routing_for,
         _run_graph_decode,
     )
     from .report import ArmResult
@@ -697,7 +709,9 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
     arm = ArmResult(name=name)
     mem = _Memory(ctx.device)
     if name == "graph":
-        tokens = _run_graph_decode(ctx, arm, mem)
+        # As in one process: the graph arm's MoE experts run capture-safe (exact by default).
+        with _moe_routing_for(ctx, arm):
+            tokens = _run_graph_decode(ctx, arm, mem)
         arm.memory = mem.result()
         seconds = list(arm.seconds.get("samples") or [])
         figures: dict[str, Any] = {
@@ -768,6 +782,8 @@ def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> dict[str, _
         beat.advance(f"1-rank baseline: iteration {done}/{total}")
 
     ctx = _make_ctx(config, loaded.model, loaded.tokenizer, device, tick)
+    if "graph" in config.arms:  # the backend the ranks use: the same capture on both sides
+        ctx.graph_backend = _rank_graph_backend(config, device)
     run = {name: _protocol(ctx, name, with_comm=False) for name in config.arms}
     del ctx, loaded
     gc.collect()
@@ -778,7 +794,51 @@ def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> dict[str, _
     return run
 
 
-def _load_sharded(config: BenchConfig, world: int, device: Any) -> tuple[Any, Any, float]:
+def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, Any, float]:
+    """An in-repo family: the standard (strict) load on the host, cut to this rank's shard
+    by the family's ``pypto_tp_plan``, then moved to the rank's device.
+
+    Ranks take turns (rank r loads after rank r-1 has dropped what is not its shard), so
+    the host holds one whole copy at a time, not one per rank.
+    """
+    import torch.distributed as dist
+
+    from .loading import load_model
+
+    rank = dist.get_rank()
+    start = time.perf_counter()
+    model = tokenizer = None
+    for turn in range(world):
+        if turn == rank:
+            loaded = load_model(
+                config.model_path,
+                device="cpu",
+                dtype=config.dtype,
+                trust_remote_code=config.trust_remote_code,
+                attn_implementation=config.attn_implementation,
+            )
+            model, tokenizer = loaded.model, loaded.tokenizer
+            plan = plan_of(model.config) or plan_of(model.config.get_text_config())
+            if not plan:
+                raise ModelLoadError(
+                    f"{type(model).__name__} loaded from {config.model_path} carries no "
+                    "pypto_tp_plan although its config class declares one: rerun with -v"
+                )
+            done = shard_model(model, plan, rank=rank, world=world)
+            model.pypto_tp_shard = done  # the report's global parameter count and rules
+            log.info(
+                "rank %d: %d tensors/modules sharded, %d collective hooks", rank,
+                len(done.sharded), done.hooks,
+            )
+            model.to(device)
+            del loaded
+        dist.barrier()
+    return model, tokenizer, time.perf_counter() - start
+
+
+def _load_sharded(config: BenchConfig, world: int, device: Any, plan: str = "") -> tuple[Any, Any, float]:
+    if plan.startswith(PYPTO_PLAN_PREFIX):
+        return _load_own_plan(config, world, device)
     import torch
     from transformers import AutoTokenizer
     from transformers.distributed.configuration_utils import DistributedConfig
@@ -829,7 +889,7 @@ def _measure_rank(
     from .measure import RssPeak
 
     load_rss = RssPeak()
-    model, tokenizer, load_s = _load_sharded(config, world, device)
+    model, tokenizer, load_s = _load_sharded(config, world, device, str(spec["plan"]))
 
     def tick(arm: str, done: int, total: int) -> None:
         beat.advance(f"iteration {done}/{total}")
@@ -837,11 +897,7 @@ def _measure_rank(
 
     ctx = _make_ctx(config, model, tokenizer, device, tick)
     if "graph" in config.arms:
-        from pypto_capture.backends import CompileBackend
-
-        # Freezing folds parameters into graph constants and fails on the process group
-        # the traced all-reduce takes (inductor: "cannot assign FakeScriptObject to buffer").
-        ctx.graph_backend = CompileBackend(device, mode=config.compile_mode, freezing=False)
+        ctx.graph_backend = _rank_graph_backend(config, device)
     dist.barrier()
     runs = {name: _protocol(ctx, name, with_comm=True) for name in config.arms}
     run = runs[config.arms[0]]
@@ -862,13 +918,34 @@ def _measure_rank(
         "class": type(model).__name__,
         "model_type": getattr(model.config, "model_type", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": _global_parameters(model),
         "load_s": load_s,
         "load_memory": {"peak_allocated": None, "peak_reserved": None, **load_rss.result()},
     }
     for r in runs.values():
         r.model_info = run.model_info
     return runs
+
+
+def _rank_graph_backend(config: BenchConfig, device: Any) -> Any:
+    """The graph arm's backend on a rank (see ``DISTRIBUTED_AUTO_BACKEND``)."""
+    from pypto_capture.backends import make_backend
+
+    name = config.graph_backend
+    if name == "auto":
+        name = DISTRIBUTED_AUTO_BACKEND[device.type]
+    # Freezing folds parameters into graph constants and fails on the process group the
+    # traced all-reduce takes (inductor: "cannot assign FakeScriptObject to buffer").
+    return make_backend(name, device, compile_mode=config.compile_mode, freezing=False)
+
+
+def _global_parameters(model: Any) -> int:
+    """The whole model's parameter count: a DTensor counts globally, a shard cut by
+    :mod:`pypto_bench.tensor_parallel` does not (its count from before the cut)."""
+    shard = getattr(model, "pypto_tp_shard", None)
+    if shard is not None:
+        return int(shard.full_parameters)
+    return sum(p.numel() for p in model.parameters())
 
 
 def _local_bytes(model: Any) -> int:
@@ -1064,7 +1141,8 @@ def _aggregate_arm(
         figures["capture"] = {
             k: arm.details.get(k) for k in ("backend", "capture_s") if k in arm.details
         }
-        figures["capture"]["freezing"] = False
+        if str(figures["capture"].get("backend", "")).startswith(("compile", "fused")):
+            figures["capture"]["freezing"] = False
     return arm, figures
 
 

@@ -33,6 +33,28 @@ class LLaDA2MoeConfig(PretrainedConfig):
     """Configuration of LLaDA2-MoE (``model_type: llada2_moe``); defaults are LLaDA2.0-mini's."""
 
     model_type = MODEL_TYPE
+    #: Tensor parallelism (``pypto-bench run --nproc N``; styles: pypto_bench.tensor_parallel).
+    #: The fused q|k|v projection keeps each rank's heads of every part, the attention then
+    #: runs this rank's heads (its head counts divided), ``dense`` sums over ranks; dense and
+    #: shared MLPs split Megatron-style; every routed expert's matrices split the same way
+    #: (gate|up halves, down's input dim), the experts' weighted sum reduced once per layer.
+    #: Router, norms, embeddings and the head stay whole on every rank.
+    pypto_tp_plan = {  # noqa: RUF012  (read-only class data, the plan of every instance)
+        "layers.*.attention.query_key_value": (
+            "packed_colwise:num_attention_heads,num_key_value_heads,num_key_value_heads"
+        ),
+        "layers.*.attention": "local_heads:num_heads,num_key_value_heads",
+        "layers.*.attention.dense": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+        "layers.*.mlp.shared_experts.gate_proj": "colwise",
+        "layers.*.mlp.shared_experts.up_proj": "colwise",
+        "layers.*.mlp.shared_experts.down_proj": "rowwise",
+        "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "layers.*.mlp.experts.down_proj": "rowwise",
+        "layers.*.mlp.experts": "moe_tp_experts",
+    }
 
     def __init__(
         self,

@@ -106,8 +106,39 @@ def _check_quantization(quant: Any) -> None:
         )
 
 
+#: Tensor parallelism of the pinned classes (``pypto-bench run --nproc N``; styles:
+#: pypto_bench.tensor_parallel). Attention as transformers' own MiniMax plans: q, k and v
+#: computed split and gathered (M2's q/k norms span all heads), the attention whole on every
+#: rank, ``o_proj`` taking its input slice and summing over ranks. Every routed expert's
+#: matrices split (gate|up halves, down's input dim), the experts' weighted sum reduced once
+#: per layer; M3's shared expert and dense MLPs split the same way (transformers' plan
+#: leaves them whole). Router, indexer, norms, embeddings and the head stay whole.
+_ATTENTION_TP = {
+    "layers.*.self_attn.q_proj": "colwise_gather_output",
+    "layers.*.self_attn.k_proj": "colwise_gather_output",
+    "layers.*.self_attn.v_proj": "colwise_gather_output",
+    "layers.*.self_attn.o_proj": "rowwise_split_input",
+}
+_EXPERTS_TP = {
+    "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+    "layers.*.mlp.experts.down_proj": "rowwise",
+    "layers.*.mlp.experts": "moe_tp_experts",
+}
+M27_TP_PLAN = {**_ATTENTION_TP, **_EXPERTS_TP}
+M3_TP_PLAN = {
+    **_ATTENTION_TP,
+    **_EXPERTS_TP,
+    "layers.*.mlp.shared_experts.gate_up_proj": "packed_colwise",
+    "layers.*.mlp.shared_experts.down_proj": "rowwise",
+    "layers.*.mlp.gate_up_proj": "packed_colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+
+
 class PyptoMiniMaxM27Config(MiniMaxM2Config):
     """MiniMaxM2Config accepting only an M2.x checkpoint; FP8 settings kept aside."""
+
+    pypto_tp_plan = M27_TP_PLAN
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
@@ -131,6 +162,8 @@ def _text_part(config_dict: dict[str, Any]) -> dict[str, Any]:
 
 class PyptoMiniMaxM3Config(MiniMaxM3VLTextConfig):
     """M3's text config, read from the VL checkpoint's config.json."""
+
+    pypto_tp_plan = M3_TP_PLAN
 
     @classmethod
     def get_config_dict(cls, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
