@@ -43,6 +43,14 @@ function torch_npu.npu.device_count                  | torch_npu/npu/__init__.py
 function torch_npu.npu.set_device                    | torch_npu/npu/utils.py (--nproc: rank r on npu:r)
 module   torch_npu.distributed                       | torch_npu/distributed/__init__.py (registers hccl)
 function torch_npu.distributed.is_hccl_available     | torch_npu/distributed/distributed_c10d.py, re-exported
+module   torch_npu.profiler                          | torch_npu/profiler/__init__.py (--nproc: HCCL share)
+class    torch_npu.profiler.profile                  | torch_npu/profiler/profiler.py class profile
+kwarg    torch_npu.profiler.profile activities on_trace_ready | profile.__init__(activities=, on_trace_ready=)
+class    torch_npu.profiler.ProfilerActivity         | torch_npu/profiler/__init__.py (torch_npu._C._profiler)
+member   torch_npu.profiler.ProfilerActivity.CPU     | compiled enum (torch_npu._C._profiler)
+member   torch_npu.profiler.ProfilerActivity.NPU     | compiled enum (torch_npu._C._profiler)
+function torch_npu.profiler.tensorboard_trace_handler | torch_npu/profiler/profiler.py
+kwarg    torch_npu.profiler.tensorboard_trace_handler dir_name | tensorboard_trace_handler(dir_name=...)
 """
 
 NPU = NpuApi(parse_table(NPU_API_TABLE), owner="pypto_bench.environment")
