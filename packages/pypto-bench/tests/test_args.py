@@ -44,7 +44,7 @@ def _argv_for(config: BenchConfig) -> list[str]:
             continue
         value = getattr(config, f.name)
         flag = FLAG_FOR[f.name]
-        if f.name == "measure_bandwidth":
+        if f.name in ("measure_bandwidth", "nproc_baseline"):  # store_false flags
             argv += [] if value else [flag]
         elif isinstance(value, bool):
             argv += [flag] if value else []

@@ -164,6 +164,13 @@ _FLAGS: tuple[_Flag, ...] = (
         type=float,
         metavar="S",
     ),
+    _Flag(
+        "nproc_baseline",
+        "--no-baseline",
+        "--nproc > 1: skip the whole model on one device (no speedup or agreement figures); "
+        "skipped anyway when the weights do not fit one device",
+        action="store_false",
+    ),
     _Flag("report_file", "--report-file", "write the JSON report here", metavar="FILE"),
 )
 

@@ -128,6 +128,9 @@ class BenchConfig:
     nproc: int = 1
     # --nproc > 1: seconds without progress on any rank before the run is ended as hung.
     rank_timeout: float = 600.0
+    # --nproc > 1: run the whole model on one device first (the speedup's and the agreement's
+    # reference). False (--no-baseline), or a model that does not fit one device: skipped.
+    nproc_baseline: bool = True
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -175,7 +178,7 @@ class BenchConfig:
             raise BadInputError(
                 f"unknown MoE routing {self.moe_routing!r}: choose one of {', '.join(MOE_ROUTINGS)}"
             )
-        if self.nproc != 1 or self.rank_timeout != 600.0:
+        if self.nproc != 1 or self.rank_timeout != 600.0 or not self.nproc_baseline:
             from .distributed import validate_distributed
 
             validate_distributed(self)
@@ -241,6 +244,7 @@ class BenchConfig:
             "moe_routing": self.moe_routing,
             # Only for a multi-rank run: a single process's description is unchanged.
             **({"nproc": self.nproc} if self.nproc != 1 else {}),
+            **({"nproc_baseline": False} if not self.nproc_baseline else {}),
         }
 
     @property

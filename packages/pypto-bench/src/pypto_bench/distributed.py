@@ -102,6 +102,10 @@ def validate_distributed(config: BenchConfig) -> None:
     if not config.rank_timeout > 0:
         raise BadInputError(f"--rank-timeout must be > 0 seconds (got {config.rank_timeout})")
     if n == 1:
+        if not config.nproc_baseline:
+            raise BadInputError(
+                "--no-baseline skips the 1-rank run of --nproc N > 1: drop it, or pass --nproc N"
+            )
         return
     if config.regime not in DISTRIBUTED_REGIMES:
         raise BadInputError(
@@ -635,9 +639,23 @@ def _rank_work(spec: dict[str, Any], rank: int, beat: _Heartbeat) -> None:
         baseline = None
         # The noise guard's load window: both measurements (rank 0 holds the sampler).
         load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
+        skipped: str | None = None
         if rank == 0:
             beat.advance("1-rank baseline")
-            baseline = _baseline(config, device, beat)
+            skipped = baseline_skip_reason(config, device)
+            if skipped is None:
+                try:
+                    baseline = _baseline(config, device, beat)
+                except Exception as err:
+                    if not _out_of_memory(err):
+                        raise
+                    skipped = (
+                        "the whole model ran out of memory on one device "
+                        f"({' '.join(str(err).split())[:160]})"
+                    )
+                    _free(device)
+            if skipped:
+                log.warning("1-rank baseline skipped: %s", skipped)
             atomic_write_text(folder / "baseline.done", "1")
         else:
             while not (folder / "baseline.done").exists():
@@ -649,16 +667,21 @@ def _rank_work(spec: dict[str, Any], rank: int, beat: _Heartbeat) -> None:
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(figures, gathered if rank == 0 else None, dst=0)
         if rank == 0:
-            assert baseline is not None
             assert load is not None
-            data = _build_report(config, spec, device, runs, baseline, gathered, load.stop())
+            data = _build_report(
+                config, spec, device, runs, baseline, gathered, load.stop(), skipped=skipped
+            )
             first = config.arms[0]
+
+            def reference(name: str) -> Any:
+                return baseline[name].output if baseline is not None else None
+
             torch.save(
                 {
-                    "baseline": baseline[first].output,
+                    "baseline": reference(first),
                     "distributed": runs[first].output,
                     "arms": {
-                        name: {"baseline": baseline[name].output, "distributed": r.output}
+                        name: {"baseline": reference(name), "distributed": r.output}
                         for name, r in runs.items()
                     },
                 },
@@ -763,8 +786,6 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> dict[str, _Measured]:
     """Rank 0 alone, the whole model, the standard load: the 1-rank run of this invocation."""
-    import gc
-
     import torch
 
     from .loading import load_model
@@ -786,12 +807,116 @@ def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> dict[str, _
         ctx.graph_backend = _rank_graph_backend(config, device)
     run = {name: _protocol(ctx, name, with_comm=False) for name in config.arms}
     del ctx, loaded
+    _free(device)
+    return run
+
+
+def _free(device: Any) -> None:
+    import gc
+
     gc.collect()
     if device.type != "cpu":
         from pypto_capture.device import empty_cache
 
         empty_cache(device)
-    return run
+
+
+#: The 1-rank baseline runs when weights x this fit the device's free memory (the rest:
+#: activations, the KV cache, the allocator's slack).
+BASELINE_HEADROOM = 1.2
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_STORED_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
+                 "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
+
+
+def baseline_skip_reason(config: BenchConfig, device: Any) -> str | None:
+    """Why the 1-rank baseline is not run (None: run it): ``--no-baseline``, or a model
+    whose weights (at the run's dtype) x ``BASELINE_HEADROOM`` exceed one device's free
+    memory. Unknown sizes run it (an out-of-memory error then skips it)."""
+    if not config.nproc_baseline:
+        return "skipped by --no-baseline"
+    from .loading import check_model_folder
+
+    need = checkpoint_bytes(check_model_folder(config.model_path), config.dtype)
+    return fit_reason(need, free_bytes(device), device.type, config.dtype)
+
+
+def fit_reason(need: int | None, free: int | None, device_type: str, dtype: str) -> str | None:
+    """The rule of ``baseline_skip_reason``: None (run it) unless both sizes are known and
+    the weights x ``BASELINE_HEADROOM`` exceed the free memory."""
+    if need is None or free is None or need * BASELINE_HEADROOM <= free:
+        return None
+    return (
+        f"the whole model does not fit one {device_type} device: {need / 2**30:.2f} GiB of "
+        f"weights at {dtype} x {BASELINE_HEADROOM} > {free / 2**30:.2f} GiB free"
+    )
+
+
+def checkpoint_bytes(folder: Path, dtype: str) -> int | None:
+    """Bytes of the folder's safetensors weights once loaded at ``dtype`` (floating tensors
+    converted, others as stored), read from the file headers; None when unknown.
+
+    Only regular files inside the folder are read (a symlink out of it is not followed),
+    and a malformed header makes the size unknown rather than failing the run.
+    """
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return None
+    root = folder.resolve()
+    want = _ELEMENT_BYTES.get(dtype)
+    total = 0
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    for path in files:
+        try:
+            real = path.resolve()
+            if not real.is_relative_to(root) or not real.is_file():
+                return None
+            with safe_open(str(real), framework="pt") as handle:
+                for key in handle.keys():
+                    piece = handle.get_slice(key)
+                    numel = 1
+                    for d in piece.get_shape():
+                        numel *= int(d)
+                    stored = _STORED_BYTES.get(str(piece.get_dtype()), 4)
+                    floating = str(piece.get_dtype()).startswith(("F", "BF"))
+                    total += numel * (want if want and floating else stored)
+        except Exception:  # a header safetensors cannot read: size unknown
+            return None
+    return total
+
+
+def free_bytes(device: Any) -> int | None:
+    """Free memory of ``device``: MemAvailable on a CPU, the allocator's query elsewhere."""
+    try:
+        if device.type == "cpu":
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+            return None
+        if device.type == "cuda":
+            import torch
+
+            return int(torch.cuda.mem_get_info(device)[0])
+        if device.type == "npu":
+            from .environment import NPU
+
+            return int(NPU.resolve("torch_npu.npu.mem_get_info")(device)[0])
+    except Exception:
+        return None
+    return None
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """An allocator's out-of-memory error (CUDA/NPU/CPU), possibly wrapped by the loader."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if type(seen).__name__ == "OutOfMemoryError" or "out of memory" in str(seen).lower():
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, Any, float]:
@@ -1108,9 +1233,11 @@ def _build_report(
     spec: dict[str, Any],
     device: Any,
     runs: dict[str, _Measured],
-    baselines: dict[str, _Measured],
+    baselines: dict[str, _Measured] | None,
     gathered: list[dict[str, Any]],
     load: dict[str, Any] | None = None,
+    *,
+    skipped: str | None = None,
 ) -> dict[str, Any]:
     """Rank 0: per arm the aggregate figures, baseline, scaling and agreement; every rank's
     figures; the noise guard's verdict on the aggregate arms and the 1-rank baselines.
@@ -1133,14 +1260,20 @@ def _build_report(
     per_arm: dict[str, dict[str, Any]] = {}
     for name in config.arms:
         ranks = [g[name] for g in gathered]
-        arm, figures = _aggregate_arm(config, name, runs[name], baselines[name], ranks)
+        base = baselines[name] if baselines is not None else None
+        arm, figures = _aggregate_arm(config, name, runs[name], base, ranks, skipped)
         report.arms.append(arm)
         per_arm[name] = figures
-        if not figures["agreement"]["ok"]:
+        if figures["agreement"]["ok"] is False:
             msg = f"{name} on {config.nproc} ranks: {figures['agreement']['summary']}"
             arm.warnings.append(msg)
             report.warnings.append(msg)
-    _guard_noise(report, [baselines[n].arm for n in config.arms], load)
+    if skipped:
+        report.warnings.append(
+            f"1-rank baseline skipped ({skipped}): no speedup, scaling efficiency or agreement "
+            "figures"
+        )
+    _guard_noise(report, [baselines[n].arm for n in config.arms] if baselines else [], load)
     ranks_out = []
     for g in gathered:
         entry = dict(g[first])
@@ -1165,8 +1298,9 @@ def _aggregate_arm(
     config: BenchConfig,
     name: str,
     run: _Measured,
-    baseline: _Measured,
+    baseline: _Measured | None,
     ranks: list[dict[str, Any]],
+    skipped: str | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """One arm across ranks: a collective step ends when its slowest rank does."""
     from .measure import count_tokens, match_rate, summarize, summarize_seconds
@@ -1188,20 +1322,32 @@ def _aggregate_arm(
         arm.ttft_s = summarize_seconds(
             [max(r["ttft_s"][i] for r in ranks) for i in range(len(run.figures["ttft_s"]))]
         )
+    if baseline is None:
+        agreement: dict[str, Any] = {
+            "ok": None,
+            "compared": None,
+            "summary": f"not compared: {skipped or 'no 1-rank run'}",
+        }
+        return arm, {
+            "aggregate_tokens_per_s": arm.tokens_per_s,
+            "step_s": _spread(step),
+            "communication_share": _spread(_shares(ranks)),
+            "baseline": None,
+            "baseline_skipped": skipped or "no 1-rank run",
+            "speedup": None,
+            "scaling_efficiency": None,
+            "agreement": agreement,
+            **_capture_figures(name, arm),
+        }
     agreement = _agreement(config, run, baseline, count_tokens, match_rate)
     arm.token_match = agreement.get("token_match")
     base_best = baseline.arm.tokens_per_s.get("best")
     best = arm.tokens_per_s.get("best")
     speedup = best / base_best if best and base_best else None
-    shares: list[float] = [
-        float((r.get("communication") or {})["share"])
-        for r in ranks
-        if (r.get("communication") or {}).get("share") is not None
-    ]
     figures: dict[str, Any] = {
         "aggregate_tokens_per_s": arm.tokens_per_s,
         "step_s": _spread(step),
-        "communication_share": _spread(shares),
+        "communication_share": _spread(_shares(ranks)),
         "baseline": {
             "nproc": 1,
             "device": str(run.model_info.get("device") or ranks[0].get("device")),
@@ -1212,14 +1358,26 @@ def _aggregate_arm(
         "speedup": speedup,
         "scaling_efficiency": speedup / config.nproc if speedup is not None else None,
         "agreement": agreement,
+        **_capture_figures(name, arm),
     }
-    if name == "graph":
-        figures["capture"] = {
-            k: arm.details.get(k) for k in ("backend", "capture_s") if k in arm.details
-        }
-        if str(figures["capture"].get("backend", "")).startswith(("compile", "fused")):
-            figures["capture"]["freezing"] = False
     return arm, figures
+
+
+def _shares(ranks: list[dict[str, Any]]) -> list[float]:
+    return [
+        float((r.get("communication") or {})["share"])
+        for r in ranks
+        if (r.get("communication") or {}).get("share") is not None
+    ]
+
+
+def _capture_figures(name: str, arm: Any) -> dict[str, Any]:
+    if name != "graph":
+        return {}
+    capture = {k: arm.details.get(k) for k in ("backend", "capture_s") if k in arm.details}
+    if str(capture.get("backend", "")).startswith(("compile", "fused")):
+        capture["freezing"] = False
+    return {"capture": capture}
 
 
 def _guard_noise(report: Report, baselines: list[Any], load: dict[str, Any] | None) -> None:

@@ -621,13 +621,22 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
     base = (dist.get("baseline") or {}).get("tokens_per_s") or {}
     comm = dist.get("communication_share") or {}
     agree = dist.get("agreement") or {}
-    lines = [
+    head = (
         f"{dist['nproc']} ranks ({dist.get('backend')}, {dist.get('threads_per_rank')} "
         f"thread(s) each): aggregate {_fmt((dist.get('aggregate_tokens_per_s') or {}).get('best'))} "
-        f"tok/s vs 1 rank {_fmt(base.get('best'))}: speedup {_fmt(dist.get('speedup'), '.2f')}, "
-        f"scaling efficiency {_fmt(dist.get('scaling_efficiency'), '.2f')}; communication "
-        f"share {_fmt(comm.get('min'), '.2f')}-{_fmt(comm.get('max'), '.2f')}; "
-        f"agrees with 1 rank: {'yes' if agree.get('ok') else 'NO'}"
+        "tok/s"
+    )
+    if dist.get("baseline") is None:
+        vs = f"; no 1-rank run ({dist.get('baseline_skipped') or 'skipped'})"
+    else:
+        vs = (
+            f" vs 1 rank {_fmt(base.get('best'))}: speedup {_fmt(dist.get('speedup'), '.2f')}, "
+            f"scaling efficiency {_fmt(dist.get('scaling_efficiency'), '.2f')}; agrees with "
+            f"1 rank: {'yes' if agree.get('ok') else 'NO'}"
+        )
+    lines = [
+        head + vs + f"; communication share {_fmt(comm.get('min'), '.2f')}-"
+        f"{_fmt(comm.get('max'), '.2f')}"
     ]
     for r in dist.get("ranks") or []:
         step = r.get("step_s") or {}

@@ -1,0 +1,118 @@
+"""--nproc N for a model that does not fit one device: the 1-rank baseline is skipped
+(by --no-baseline, by the size check before loading, or on an out-of-memory error) and
+the sharded run is still measured and reported, without speedup or agreement figures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from pypto_bench import BadInputError, BenchConfig, schema
+from pypto_bench.cli import main
+from pypto_bench.distributed import (
+    _out_of_memory,
+    checkpoint_bytes,
+    fit_reason,
+    free_bytes,
+    run_distributed,
+    visible_devices,
+)
+from pypto_bench.errors import ModelLoadError
+from pypto_bench.report import format_table
+
+
+def test_no_baseline_run_is_measured_and_says_what_is_missing(tiny_llama, tmp_path, capsys):
+    if visible_devices("cpu") < 2:
+        pytest.skip("needs 2 CPU cores")
+    out = tmp_path / "r.json"
+    code = main([
+        "run", "--model-path", str(tiny_llama), "--device", "cpu", "--regime", "prefill",
+        "--seq", "8", "--arms", "eager", "--warmup", "0", "--iters", "1", "--dtype", "float32",
+        "--no-bandwidth", "--nproc", "2", "--no-baseline", "--report-file", str(out),
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, schema())
+    dist = data["distributed"]
+    assert dist["baseline"] is None and dist["baseline_skipped"] == "skipped by --no-baseline"
+    assert dist["speedup"] is None and dist["scaling_efficiency"] is None
+    assert dist["agreement"]["ok"] is None
+    assert dist["aggregate_tokens_per_s"]["best"] > 0
+    assert len(dist["ranks"]) == 2
+    assert any("1-rank baseline skipped" in w for w in data["warnings"])
+    assert "no 1-rank run (skipped by --no-baseline)" in format_table(data)
+    assert data["config"]["nproc_baseline"] is False
+
+
+def test_no_baseline_needs_several_ranks(tiny_llama):
+    with pytest.raises(BadInputError, match="--no-baseline skips the 1-rank run"):
+        BenchConfig(model_path=str(tiny_llama), nproc=1, nproc_baseline=False).validate()
+
+
+def test_checkpoint_bytes_reads_the_headers_at_the_run_s_dtype(tiny_llama):
+    from safetensors import safe_open
+
+    stored = 0
+    numel = 0
+    for f in tiny_llama.glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():
+                t = h.get_tensor(k)
+                stored += t.numel() * t.element_size()
+                numel += t.numel()
+    assert checkpoint_bytes(tiny_llama, "auto") == stored  # fp32 folder, as stored
+    assert checkpoint_bytes(tiny_llama, "float32") == numel * 4
+    assert checkpoint_bytes(tiny_llama, "bfloat16") == numel * 2
+
+
+def test_checkpoint_bytes_is_unknown_for_hostile_or_broken_weights(tiny_llama, tmp_path):
+    import shutil
+
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.copy(next(tiny_llama.glob("*.safetensors")), outside)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "model.safetensors").symlink_to(outside)  # a weight file outside the folder
+    assert checkpoint_bytes(linked, "auto") is None
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{")
+    assert checkpoint_bytes(broken, "auto") is None
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert checkpoint_bytes(empty, "auto") is None  # no weights at all
+
+
+def test_the_fit_rule():
+    gib = 2**30
+    assert fit_reason(10 * gib, 12 * gib, "cuda", "bfloat16") is None  # 10 x 1.2 <= 12
+    why = fit_reason(10 * gib, 11 * gib, "cuda", "bfloat16")
+    assert why is not None and "does not fit one cuda device" in why and "11.00 GiB free" in why
+    assert fit_reason(None, 1, "cuda", "auto") is None  # unknown: run it (OOM still skips)
+    assert fit_reason(1, None, "npu", "auto") is None
+
+
+def test_free_bytes_on_this_cpu():
+    free = free_bytes(torch.device("cpu"))
+    assert free is not None and 0 < free <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_out_of_memory_is_recognised_through_the_loader_s_wrapping():
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    try:
+        raise ModelLoadError("loading /m failed: OutOfMemoryError: ...") from oom
+    except ModelLoadError as err:
+        assert _out_of_memory(err)
+    assert _out_of_memory(RuntimeError("NPU out of memory. Tried to allocate"))
+    assert not _out_of_memory(ValueError("bad shape"))
+
+
+def test_flag_reaches_the_config():
+    from pypto_bench.args import FLAG_FOR
+
+    assert FLAG_FOR["nproc_baseline"] == "--no-baseline"
