@@ -146,6 +146,7 @@ def test_model_without_plan_names_the_fallback(tmp_path, capsys):
     assert "no tensor-parallel plan" in err
     assert "pipeline placement" in err
     assert "device map" in err
+    assert "--placement pipeline" in err  # the fallback exists: tests/test_pipeline.py
     assert "launching" not in err
     with pytest.raises(NoTensorParallelPlanError):
         check_tp_plan(_config(folder))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -19,7 +18,6 @@ from pypto_bench.distributed import (
     checkpoint_bytes,
     fit_reason,
     free_bytes,
-    run_distributed,
     visible_devices,
 )
 from pypto_bench.errors import ModelLoadError
@@ -39,8 +37,10 @@ def test_no_baseline_run_is_measured_and_says_what_is_missing(tiny_llama, tmp_pa
     data = json.loads(out.read_text())
     jsonschema.validate(data, schema())
     dist = data["distributed"]
-    assert dist["baseline"] is None and dist["baseline_skipped"] == "skipped by --no-baseline"
-    assert dist["speedup"] is None and dist["scaling_efficiency"] is None
+    assert dist["baseline"] is None
+    assert dist["baseline_skipped"] == "skipped by --no-baseline"
+    assert dist["speedup"] is None
+    assert dist["scaling_efficiency"] is None
     assert dist["agreement"]["ok"] is None
     assert dist["aggregate_tokens_per_s"]["best"] > 0
     assert len(dist["ranks"]) == 2
@@ -61,7 +61,7 @@ def test_checkpoint_bytes_reads_the_headers_at_the_run_s_dtype(tiny_llama):
     numel = 0
     for f in tiny_llama.glob("*.safetensors"):
         with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():
+            for k in h.keys():  # noqa: SIM118  (safe_open is not iterable)
                 t = h.get_tensor(k)
                 stored += t.numel() * t.element_size()
                 numel += t.numel()
@@ -92,22 +92,24 @@ def test_the_fit_rule():
     gib = 2**30
     assert fit_reason(10 * gib, 12 * gib, "cuda", "bfloat16") is None  # 10 x 1.2 <= 12
     why = fit_reason(10 * gib, 11 * gib, "cuda", "bfloat16")
-    assert why is not None and "does not fit one cuda device" in why and "11.00 GiB free" in why
+    assert why is not None
+    assert "does not fit one cuda device" in why
+    assert "11.00 GiB free" in why
     assert fit_reason(None, 1, "cuda", "auto") is None  # unknown: run it (OOM still skips)
     assert fit_reason(1, None, "npu", "auto") is None
 
 
 def test_free_bytes_on_this_cpu():
     free = free_bytes(torch.device("cpu"))
-    assert free is not None and 0 < free <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert free is not None
+    assert 0 < free <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def test_out_of_memory_is_recognised_through_the_loader_s_wrapping():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    try:
-        raise ModelLoadError("loading /m failed: OutOfMemoryError: ...") from oom
-    except ModelLoadError as err:
-        assert _out_of_memory(err)
+    wrapped = ModelLoadError("loading /m failed: OutOfMemoryError: ...")
+    wrapped.__cause__ = oom  # what ``raise ModelLoadError(...) from err`` sets
+    assert _out_of_memory(wrapped)
     assert _out_of_memory(RuntimeError("NPU out of memory. Tried to allocate"))
     assert not _out_of_memory(ValueError("bad shape"))
 

@@ -22,10 +22,31 @@ def test_hccl_operator_spans_are_read_from_the_communication_rows(tmp_path):
     events = [
         {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "HCCL"}},
         {"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "Ascend Hardware"}},
-        {"ph": "X", "name": "hcom_allReduce__512_0_1", "pid": 7, "tid": 0, "ts": "100.5", "dur": 20},
+        {
+            "ph": "X",
+            "name": "hcom_allReduce__512_0_1",
+            "pid": 7,
+            "tid": 0,
+            "ts": "100.5",
+            "dur": 20,
+        },
         {"ph": "X", "name": "hcom_allReduce__512_1_1", "pid": 7, "tid": 0, "ts": 110, "dur": 30},
-        {"ph": "X", "name": "Notify_Wait", "pid": 7, "tid": 1, "ts": 100, "dur": 90},  # a task, not an op
-        {"ph": "X", "name": "hcom_allGather_", "pid": 3, "tid": 0, "ts": 0, "dur": 5},  # not an HCCL row
+        {
+            "ph": "X",
+            "name": "Notify_Wait",
+            "pid": 7,
+            "tid": 1,
+            "ts": 100,
+            "dur": 90,
+        },  # a task, not an op
+        {
+            "ph": "X",
+            "name": "hcom_allGather_",
+            "pid": 3,
+            "tid": 0,
+            "ts": 0,
+            "dur": 5,
+        },  # not an HCCL row
         {"ph": "X", "name": "hcom_broadcast_", "pid": 7, "ts": "bad", "dur": 1},
         {"ph": "X", "name": "hcom_broadcast_", "pid": 7, "ts": 1},  # no duration
         "not an event",
@@ -43,9 +64,8 @@ def test_a_trace_of_the_wrong_shape_gives_no_spans(tmp_path, payload):
 def _two_npus() -> bool:
     if importlib.util.find_spec("torch_npu") is None:
         return False
-    import torch_npu  # noqa: F401
-
     import torch
+    import torch_npu  # noqa: F401
 
     return torch.npu.device_count() >= 2
 
@@ -63,4 +83,5 @@ def test_hccl_graph_decode_and_share_on_two_npus(tiny_llama, tmp_path):
     report = run_distributed(config, state_dir=tmp_path / "state")
     assert report.distributed["arms"]["graph"]["agreement"]["token_match"]["rate"] == 1.0
     comm = report.distributed["ranks"][0]["communication"]
-    assert comm["share"] is not None and "hcom" in comm["method"]
+    assert comm["share"] is not None
+    assert "hcom" in comm["method"]

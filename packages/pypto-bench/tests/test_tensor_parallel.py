@@ -60,12 +60,18 @@ def test_packed_parts_keep_each_rank_s_rows_in_order():
             [b.chunk(2)[rank] for b in full.layers[0].qkv.bias.detach().split([12, 6, 6])]
         ))  # fmt: skip
         assert (model.layers[1].num_heads, model.layers[1].num_key_value_heads) == (2, 1)
-        assert torch.equal(model.layers[0].dense.weight, full.layers[0].dense.weight.detach().chunk(2, 1)[rank])
+        assert torch.equal(
+            model.layers[0].dense.weight, full.layers[0].dense.weight.detach().chunk(2, 1)[rank]
+        )
         assert model.layers[0].dense.bias is None  # added once after the sum, not per rank
         gu = full.experts.gate_up_proj.detach()
         gate, up = gu.chunk(2, dim=1)
-        assert torch.equal(model.experts.gate_up_proj, torch.cat([gate.chunk(2, 1)[rank], up.chunk(2, 1)[rank]], 1))
-        assert torch.equal(model.experts.down_proj, full.experts.down_proj.detach().chunk(2, -1)[rank])
+        assert torch.equal(
+            model.experts.gate_up_proj, torch.cat([gate.chunk(2, 1)[rank], up.chunk(2, 1)[rank]], 1)
+        )
+        assert torch.equal(
+            model.experts.down_proj, full.experts.down_proj.detach().chunk(2, -1)[rank]
+        )
         assert report.full_parameters == sum(p.numel() for p in full.parameters())
         assert report.unmatched == ["lm_head"]
         assert report.hooks == 2 + 1  # two rowwise all-reduces, one experts all-reduce
@@ -87,7 +93,9 @@ def test_bad_plans_are_one_line(plan, words):
 
 
 def test_split_that_does_not_divide_is_refused_before_launching():
-    with pytest.raises(NoTensorParallelPlanError, match="num_key_value_heads = 2 is not divisible by --nproc 4"):
+    with pytest.raises(
+        NoTensorParallelPlanError, match="num_key_value_heads = 2 is not divisible by --nproc 4"
+    ):
         check_plan(PLAN, _Cfg(), 4)
     with pytest.raises(NoTensorParallelPlanError, match="not divisible by --nproc 5"):
         shard_model(_Model(), {"layers.*.dense": "rowwise"}, rank=0, world=5)

@@ -165,6 +165,13 @@ _FLAGS: tuple[_Flag, ...] = (
         metavar="S",
     ),
     _Flag(
+        "placement",
+        "--placement",
+        "--nproc > 1: tensor (shards of every layer, one process per device) or pipeline "
+        "(layers split over the devices in one process; prefill, eager arm)",
+        choices=("tensor", "pipeline"),
+    ),
+    _Flag(
         "nproc_baseline",
         "--no-baseline",
         "--nproc > 1: skip the whole model on one device (no speedup or agreement figures); "

@@ -131,6 +131,10 @@ class BenchConfig:
     # --nproc > 1: run the whole model on one device first (the speedup's and the agreement's
     # reference). False (--no-baseline), or a model that does not fit one device: skipped.
     nproc_baseline: bool = True
+    # --nproc > 1: "tensor" (each rank a shard of every layer, the family's TP plan) or
+    # "pipeline" (one process, layers split over the devices; prefill, eager: the fallback
+    # for a family without a plan).
+    placement: str = "tensor"
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -178,7 +182,12 @@ class BenchConfig:
             raise BadInputError(
                 f"unknown MoE routing {self.moe_routing!r}: choose one of {', '.join(MOE_ROUTINGS)}"
             )
-        if self.nproc != 1 or self.rank_timeout != 600.0 or not self.nproc_baseline:
+        if (
+            self.nproc != 1
+            or self.rank_timeout != 600.0
+            or not self.nproc_baseline
+            or self.placement != "tensor"
+        ):
             from .distributed import validate_distributed
 
             validate_distributed(self)
@@ -245,6 +254,7 @@ class BenchConfig:
             # Only for a multi-rank run: a single process's description is unchanged.
             **({"nproc": self.nproc} if self.nproc != 1 else {}),
             **({"nproc_baseline": False} if not self.nproc_baseline else {}),
+            **({"placement": self.placement} if self.placement != "tensor" else {}),
         }
 
     @property
@@ -957,6 +967,10 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     when ``report_file`` failed at the end of the run; see ``write_report``).
     """
     config.validate()
+    if config.placement == "pipeline":
+        from .pipeline import run_pipeline
+
+        return run_pipeline(config)
     if config.nproc > 1:
         from .distributed import run_distributed
 

@@ -99,8 +99,16 @@ def validate_distributed(config: BenchConfig) -> None:
     n = config.nproc
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise BadInputError(f"--nproc must be an integer >= 1 (got {n!r})")
+    from .pipeline import PLACEMENTS, validate_pipeline
+
+    if config.placement not in PLACEMENTS:
+        raise BadInputError(
+            f"unknown --placement {config.placement!r}: choose one of {', '.join(PLACEMENTS)}"
+        )
     if not config.rank_timeout > 0:
         raise BadInputError(f"--rank-timeout must be > 0 seconds (got {config.rank_timeout})")
+    if config.placement == "pipeline":
+        validate_pipeline(config)
     if n == 1:
         if not config.nproc_baseline:
             raise BadInputError(
@@ -215,8 +223,9 @@ def check_tp_plan(config: BenchConfig) -> str:
         raise NoTensorParallelPlanError(
             f"model type {model_type!r} has no tensor-parallel plan (its config's "
             f"base_model_tp_plan is empty), so --nproc {config.nproc} cannot shard it: run it "
-            "with --nproc 1; the fallback for prefill, pipeline placement across devices with "
-            "an accelerate-style device map (device_map='auto'), is not implemented yet"
+            "with --nproc 1, or use the fallback for prefill, pipeline placement of its layers "
+            "across the devices with an accelerate-style device map: --placement pipeline "
+            "--regime prefill --arms eager"
         )
     _check_heads(text, model_type, config.nproc)
     return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
@@ -721,10 +730,10 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
     from .bench import (
         _eager_generate,
         _Memory,
+        _moe_routing_for,
         _prefill_fn,
         _run_eager_decode,
         _run_eager_prefill,
-        _moe_routing_for,
         _run_graph_decode,
     )
     from .report import ArmResult
@@ -875,7 +884,7 @@ def checkpoint_bytes(folder: Path, dtype: str) -> int | None:
             if not real.is_relative_to(root) or not real.is_file():
                 return None
             with safe_open(str(real), framework="pt") as handle:
-                for key in handle.keys():
+                for key in handle.keys():  # noqa: SIM118  (safe_open is not iterable)
                     piece = handle.get_slice(key)
                     numel = 1
                     for d in piece.get_shape():
@@ -952,8 +961,10 @@ def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, A
             done = shard_model(model, plan, rank=rank, world=world)
             model.pypto_tp_shard = done  # the report's global parameter count and rules
             log.info(
-                "rank %d: %d tensors/modules sharded, %d collective hooks", rank,
-                len(done.sharded), done.hooks,
+                "rank %d: %d tensors/modules sharded, %d collective hooks",
+                rank,
+                len(done.sharded),
+                done.hooks,
             )
             model.to(device)
             del loaded
@@ -961,7 +972,9 @@ def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, A
     return model, tokenizer, time.perf_counter() - start
 
 
-def _load_sharded(config: BenchConfig, world: int, device: Any, plan: str = "") -> tuple[Any, Any, float]:
+def _load_sharded(
+    config: BenchConfig, world: int, device: Any, plan: str = ""
+) -> tuple[Any, Any, float]:
     if plan.startswith(PYPTO_PLAN_PREFIX):
         return _load_own_plan(config, world, device)
     import torch
@@ -1281,6 +1294,7 @@ def _build_report(
         ranks_out.append(entry)
     report.distributed = {
         "nproc": config.nproc,
+        "placement": "tensor",
         "device_type": spec["device_type"],
         "backend": spec["backend"],
         "threads_per_rank": spec["threads"],

@@ -621,10 +621,13 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
     base = (dist.get("baseline") or {}).get("tokens_per_s") or {}
     comm = dist.get("communication_share") or {}
     agree = dist.get("agreement") or {}
+    pipeline = dist.get("placement") == "pipeline"
+    tok_s = _fmt((dist.get("aggregate_tokens_per_s") or {}).get("best"))
     head = (
-        f"{dist['nproc']} ranks ({dist.get('backend')}, {dist.get('threads_per_rank')} "
-        f"thread(s) each): aggregate {_fmt((dist.get('aggregate_tokens_per_s') or {}).get('best'))} "
-        "tok/s"
+        f"{dist['nproc']} pipeline stages (one process, layers split over the devices): {tok_s} tok/s"
+        if pipeline
+        else f"{dist['nproc']} ranks ({dist.get('backend')}, {dist.get('threads_per_rank')} "
+        f"thread(s) each): aggregate {tok_s} tok/s"
     )
     if dist.get("baseline") is None:
         vs = f"; no 1-rank run ({dist.get('baseline_skipped') or 'skipped'})"
@@ -639,6 +642,13 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
         f"{_fmt(comm.get('max'), '.2f')}"
     ]
     for r in dist.get("ranks") or []:
+        if pipeline:
+            span = "..".join(dict.fromkeys(r.get("layers") or [])) or "no layers"
+            lines.append(
+                f"  stage {r.get('rank')}: {r.get('device')}, {r.get('layer_count')} layer(s) "
+                f"{span}, {_mib(r.get('layer_bytes'))} MiB of layer weights"
+            )
+            continue
         step = r.get("step_s") or {}
         share = (r.get("communication") or {}).get("share")
         mem = r.get("memory") or {}

@@ -263,7 +263,7 @@ def _apply(module: Any, rule: Rule, ctx: _Ctx, report: ShardReport) -> None:
     if style in ("rowwise", "rowwise_split_input"):
         if module.bias is not None:  # added once, after the partial sums are reduced
             module.register_buffer("pypto_tp_bias", module.bias.data.clone())
-            module.bias = None
+            module.register_parameter("bias", None)
         if style == "rowwise_split_input":
             module.register_forward_pre_hook(_split_input_hook(ctx.rank, ctx.world))
             report.hooks += 1
@@ -289,8 +289,9 @@ def shard_model(
     bigger config may name layers this one lacks) and listed in the report.
     """
     rules = parse_plan(plan)
-    config = getattr(model, "config", None)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config: Any = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
     report = ShardReport(rank=rank, world=world)
     report.full_parameters = sum(p.numel() for p in model.parameters())
     modules = dict(model.named_modules())
@@ -311,7 +312,9 @@ def shard_model(
                     )
                 owner_name, _, attr = name.rpartition(".")
                 owner = modules[owner_name]
-                _split_tensor(owner, attr, rule.style, rule.args, _Ctx(rank, world, config, group, owner_name))
+                _split_tensor(
+                    owner, attr, rule.style, rule.args, _Ctx(rank, world, config, group, owner_name)
+                )
                 report.sharded[name] = rule.style
                 hit = True
         if not hit:

@@ -1,0 +1,360 @@
+"""``--placement pipeline --nproc N``: prefill of a model split by layers over N devices.
+
+The fallback for a family without a tensor-parallel plan (and for anyone who wants it):
+one process, the decoder layers cut into N contiguous stages of about equal weight bytes,
+stage s on device s, loaded by transformers with an accelerate-style device map (the
+same mechanism as ``device_map="auto"``, with the split stated rather than left to
+free-memory heuristics). Activations move from stage to stage inside the forward, so a
+single request runs its stages one after another: this placement is for measuring a
+model that does not fit one device at all, not for speed, and the report says so (no
+scaling efficiency). Measured with the single-process prefill protocol of
+``pypto_bench.bench`` (the same warmup, iterations and timed spans); the 1-rank baseline
+and its agreement check are those of ``--nproc`` (skipped when the model does not fit one
+device).
+
+On a CPU every stage is the one CPU: the mechanics (map, load, report) run, nothing is
+placed anywhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pypto_common import redact
+
+from .errors import BadInputError, EnvironmentMissingError, ModelLoadError
+
+if TYPE_CHECKING:
+    from .bench import BenchConfig
+    from .report import Report
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("tensor", "pipeline")
+
+
+def validate_pipeline(config: BenchConfig) -> None:
+    """What ``--placement pipeline`` measures: prefill, the eager arm, one batch, N >= 2."""
+    if config.nproc < 2:
+        raise BadInputError(
+            "--placement pipeline splits the model over --nproc N >= 2 devices: pass --nproc"
+        )
+    if config.regime != "prefill":
+        raise BadInputError(
+            f"--placement pipeline measures the prefill regime only, not {config.regime}: "
+            "pass --regime prefill (or --placement tensor)"
+        )
+    if tuple(config.arms) != ("eager",):
+        raise BadInputError(
+            f"--placement pipeline measures the eager arm only, got {','.join(config.arms)}: "
+            "pass --arms eager"
+        )
+
+
+def decoder_layers(model: Any) -> tuple[str, Any]:
+    """The path and module of the decoder-layer list: the ModuleList holding the most
+    parameters (every causal LM of transformers keeps its layers in one)."""
+    import torch
+
+    best: tuple[int, str, Any] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0:
+            size = sum(p.numel() for p in module.parameters())
+            if best is None or size > best[0]:
+                best = (size, name, module)
+    if best is None:
+        raise ModelLoadError(
+            f"{type(model).__name__} has no list of decoder layers to split into stages: "
+            "run it with --placement tensor or --nproc 1"
+        )
+    return best[1], best[2]
+
+
+def stage_device_map(
+    model: Any, nproc: int, device_type: str
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """(device map for ``from_pretrained``, stages for the report).
+
+    Layers are cut into ``nproc`` contiguous stages by cumulative parameter bytes (layer
+    i goes to the stage its midpoint falls in). What is registered before the layers
+    (embeddings) and what holds no weights (rotary tables) sits on the first stage, what
+    comes after (final norm, head) on the last, except a head tied to the input
+    embeddings, which stays with them.
+    """
+    path, layers = decoder_layers(model)
+    if len(layers) < nproc:
+        raise BadInputError(
+            f"--placement pipeline --nproc {nproc} needs at least {nproc} decoder layers, "
+            f"the model has {len(layers)}: pass --nproc {len(layers)} or fewer"
+        )
+    names = [f"{path}.{i}" if path else str(i) for i in range(len(layers))]
+    sizes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers]
+    total = sum(sizes) or 1
+    stage_of: list[int] = []
+    done = 0.0
+    for size in sizes:
+        stage_of.append(min(nproc - 1, int((done + size / 2) / total * nproc)))
+        done += size
+    # every stage gets at least one layer (tiny or uneven models)
+    for s in range(nproc):
+        if s not in stage_of:
+            stage_of = [min(i * nproc // len(sizes), nproc - 1) for i in range(len(sizes))]
+            break
+
+    def device(s: int) -> str:
+        return "cpu" if device_type == "cpu" else f"{device_type}:{s}"
+
+    mapping: dict[str, str] = {}
+    for name, s in zip(names, stage_of, strict=True):
+        mapping[name] = device(s)
+    tied_head = _tied_head(model)
+    ancestors = path.split(".") if path else []
+    prefix = ""
+    for part in ancestors:
+        parent = model.get_submodule(prefix) if prefix else model
+        after = False
+        for child_name, child in parent.named_children():
+            full = f"{prefix}.{child_name}" if prefix else child_name
+            if child_name == part:
+                after = True
+                continue
+            # Weightless modules (rotary tables) feed the first layer: first stage.
+            weighted = any(True for _ in child.parameters())
+            last = after and weighted and full != tied_head
+            mapping[full] = device(nproc - 1 if last else 0)
+        prefix = f"{prefix}.{part}" if prefix else part
+    stages = []
+    for s in range(nproc):
+        mine = [n for n, st in zip(names, stage_of, strict=True) if st == s]
+        stages.append(
+            {
+                "stage": s,
+                "device": device(s),
+                "layers": [mine[0], mine[-1]] if mine else [],
+                "layer_count": len(mine),
+                "layer_bytes": sum(sz for sz, st in zip(sizes, stage_of, strict=True) if st == s),
+            }
+        )
+    return mapping, stages
+
+
+def _tied_head(model: Any) -> str | None:
+    """The output embedding's path when it shares its weight with the input embedding."""
+    try:
+        head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    except Exception:
+        return None
+    if head is None or emb is None or head.weight is not emb.weight:
+        return None
+    return next((n for n, m in model.named_modules() if m is head), None)
+
+
+class _NoBeat:
+    """The baseline's progress callback outside a rank (no heartbeat file)."""
+
+    def advance(self, stage: str) -> None:
+        log.debug("%s", stage)
+
+
+def run_pipeline(config: BenchConfig) -> Report:
+    """Measure ``config`` with the model split over ``config.nproc`` devices (see module)."""
+    import torch
+
+    from .distributed import (
+        _aggregate_arm,
+        _baseline,
+        _make_ctx,
+        _out_of_memory,
+        _protocol,
+        baseline_skip_reason,
+        check_nproc,
+    )
+    from .loading import check_model_folder, needs_remote_code, read_model_config
+    from .report import check_report_path, new_report
+
+    config.validate()
+    path = check_model_folder(config.model_path)
+    if config.report_file:
+        check_report_path(config.report_file)
+    raw = read_model_config(path)
+    if needs_remote_code(raw) and not config.trust_remote_code:
+        raise ModelLoadError(
+            f"model type {raw.get('model_type')!r} at {path} ships its own code: "
+            "rerun with --trust-remote-code if you trust that folder"
+        )
+    device_type = check_nproc(config)
+    first = torch.device(device_type) if device_type == "cpu" else torch.device(device_type, 0)
+    if device_type != "cpu":
+        from pypto_capture import resolve_device
+
+        resolve_device(str(first))
+    mapping, stages = _plan(config, path, raw, device_type)
+
+    skipped = baseline_skip_reason(config, first)
+    baseline = None
+    if skipped is None:
+        try:
+            baseline = _baseline(config, first, _NoBeat())  # type: ignore[arg-type]
+        except Exception as err:
+            if not _out_of_memory(err):
+                raise
+            skipped = f"the whole model ran out of memory on one device ({str(err)[:160]})"
+    from .measure import RssPeak
+
+    load_rss = RssPeak()
+    model, tokenizer, load_s = _load_split(config, path, raw, mapping)
+    ctx = _make_ctx(config, model, tokenizer, first, lambda *a: None)
+    run = _protocol(ctx, "eager", with_comm=False)
+    run.model_info = {
+        "path": str(path),
+        "class": type(model).__name__,
+        "model_type": getattr(model.config, "model_type", None),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "load_s": load_s,
+        "load_memory": {"peak_allocated": None, "peak_reserved": None, **load_rss.result()},
+        "device": str(first),
+    }
+    base = baseline["eager"] if baseline is not None else None
+    arm, figures = _aggregate_arm(config, "eager", run, base, [run.figures], skipped)
+    arm.details["placement"] = "pipeline"
+    figures["scaling_efficiency"] = None  # stages run one after another for one request
+    from pypto_capture import device_name
+
+    report = new_report(config, device=first, device_name=device_name(first))
+    report.model = {k: v for k, v in run.model_info.items() if k != "device"}
+    report.arms.append(arm)
+    if figures["agreement"]["ok"] is False:
+        msg = f"eager over {config.nproc} pipeline stages: {figures['agreement']['summary']}"
+        arm.warnings.append(msg)
+        report.warnings.append(msg)
+    if skipped:
+        report.warnings.append(
+            f"1-rank baseline skipped ({skipped}): no speedup or agreement figures"
+        )
+    if device_type == "cpu":
+        report.warnings.append(
+            "--placement pipeline on a CPU: every stage is the one CPU (the mechanics ran; "
+            "nothing was placed elsewhere)"
+        )
+    report.distributed = {
+        "nproc": config.nproc,
+        "placement": "pipeline",
+        "device_type": device_type,
+        "backend": None,
+        "threads_per_rank": torch.get_num_threads(),
+        "launcher": "one process: transformers from_pretrained(device_map=...) (accelerate hooks)",
+        "tp_plan": None,
+        "device_map": mapping,
+        **figures,
+        "ranks": [_stage_entry(s, model, run.figures) for s in stages],
+        "arms": {"eager": figures},
+        "note": (
+            "pipeline placement: a request's activations pass the stages one after another; "
+            "it measures a model too large for one device, not a parallel speedup"
+        ),
+    }
+    report.finish()
+    for warning in report.warnings:
+        log.warning("%s", warning)
+    if config.report_file:
+        report.write(config.report_file)
+    return report
+
+
+def _plan(config: BenchConfig, path: Path, raw: dict[str, Any], device_type: str) -> Any:
+    """The device map, computed on a weightless (meta) copy of the model."""
+    import torch
+    from transformers import AutoConfig
+
+    from .loading import _auto_class
+
+    try:
+        cfg = AutoConfig.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
+        )
+        with torch.device("meta"):
+            meta = _auto_class(raw).from_config(cfg, trust_remote_code=config.trust_remote_code)
+    except Exception as err:
+        raise ModelLoadError(
+            f"building {path}'s layers to place them failed: "
+            f"{type(err).__name__}: {redact(' '.join(str(err).split()))[:300]}"
+        ) from err
+    return stage_device_map(meta, config.nproc, device_type)
+
+
+def _load_split(
+    config: BenchConfig, path: Path, raw: dict[str, Any], mapping: dict[str, str]
+) -> tuple[Any, Any, float]:
+    import torch
+    from transformers import AutoTokenizer
+
+    from .loading import _auto_class, torch_dtype
+
+    kwargs: dict[str, Any] = {
+        "local_files_only": True,
+        "trust_remote_code": config.trust_remote_code,
+        "dtype": torch_dtype(config.dtype),
+        "device_map": mapping,
+    }
+    if config.attn_implementation:
+        kwargs["attn_implementation"] = config.attn_implementation
+    torch.manual_seed(config.seed)
+    start = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
+        )
+        model = _auto_class(raw).from_pretrained(str(path), **kwargs)
+    except ImportError as err:
+        raise EnvironmentMissingError(
+            f"a device map needs accelerate: pip install 'pypto-bench[distributed]' ({err})"
+        ) from err
+    except Exception as err:
+        msg = redact(" ".join(str(err).split()))
+        if "requires `accelerate`" in msg or ("accelerate" in msg and "install" in msg):
+            raise EnvironmentMissingError(
+                "a device map needs accelerate: pip install 'pypto-bench[distributed]'"
+            ) from err
+        raise ModelLoadError(
+            f"loading {path} over a device map failed: {type(err).__name__}: {msg[:300]}"
+        ) from err
+    model.eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer, time.perf_counter() - start
+
+
+def _stage_entry(stage: dict[str, Any], model: Any, figures: dict[str, Any]) -> dict[str, Any]:
+    """One stage, shaped like a rank's entry (the step is the whole pipeline's)."""
+    held = 0
+    for p in model.parameters():
+        if str(p.device) == stage["device"] or (
+            stage["device"] == "cpu" and p.device.type == "cpu"
+        ):
+            held += p.numel() * p.element_size()
+    return {
+        "rank": stage["stage"],
+        **stage,
+        "step_s": figures["step_s"],
+        "samples_s": figures["samples_s"],
+        "memory": _device_memory(stage["device"], figures),
+        "parameter_bytes_on_device": held,
+        "communication": {
+            "seconds": None,
+            "share": None,
+            "method": None,
+            "unmeasured": "pipeline: activations move between stages inside the step",
+        },
+    }
+
+
+def _device_memory(device: str, figures: dict[str, Any]) -> dict[str, Any]:
+    if device.startswith("cuda"):
+        import torch
+
+        return {"peak_allocated": int(torch.cuda.max_memory_allocated(device))}
+    return dict(figures.get("memory") or {})
