@@ -9,7 +9,9 @@ efficiency, per-rank step min/median/max, communication share, memory per rank):
   (tensor parallelism splits heads evenly; the summary says when N was cut). With one GPU
   the 1-rank path runs (``--nproc 1``): the same figures without the sharded run.
 * 0.5B-class (Qwen2.5-0.5B shape, 14/2 heads: N <= 2), bf16 random weights: prefill at
-  seq 512, then decode eager (greedy tokens compared with the 1-rank run).
+  seq 512, then decode eager and graph (each rank's step captured in a CUDA graph with its
+  NCCL collectives inside; greedy tokens compared with the 1-rank run); with 2+ GPUs also
+  ``--placement pipeline`` prefill over every visible GPU (layers split by stages).
 * 7B-class (Qwen2.5-7B shape, 28/4 heads: N <= 4), unless ``--skip-7b``: prefill seq 512.
 
 Every step gets what is left of ``--budget-s`` (a step with under 20 s left is skipped and
@@ -64,13 +66,14 @@ def _run(
     iters: int,
     arms: str,
     rank_timeout: float,
+    placement: str = "tensor",
 ) -> list[str]:
     return [
         sys.executable, "-m", "pypto_bench", "run", "--model-path", str(model),
         "--device", device, "--dtype", dtype, "--regime", regime, "--seq", str(seq),
         "--gen", str(gen), "--warmup", "1", "--iters", str(iters), "--ignore-eos",
         "--arms", arms, "--nproc", str(nproc), "--rank-timeout", str(rank_timeout),
-        "--no-progress", "--report-file", str(report),
+        "--placement", placement, "--no-progress", "--report-file", str(report),
     ]  # fmt: skip
 
 
@@ -99,7 +102,8 @@ def summarise(out: Path) -> list[str]:
                     for r in ranks
                 ]  # fmt: skip
                 lines.append(
-                    f"| {path.stem} | {arm['name']} | {dist['nproc']} | {dist['backend']} | "
+                    f"| {path.stem} | {arm['name']} | {dist['nproc']} | "
+                    f"{dist.get('backend') or dist.get('placement')} | "
                     f"{_f(tps, '.1f')} | "
                     f"{_f((per.get('baseline') or {}).get('tokens_per_s', {}).get('best'), '.1f')}"
                     f" | {_f(per.get('scaling_efficiency'), '.2f')} | "
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         small = QWEN05_SHAPE
         small_heads = (int(small["num_attention_heads"]), int(small["num_key_value_heads"]))
         gpus = _gpus()
-        arch, decode_arms = "qwen2", "eager"
+        arch, decode_arms = "qwen2", "eager,graph"
     steps.say(f"== visible GPUs: {gpus}" if not args.dry_run else "== dry run: CPU, gloo")
     n_small = ranks_for(gpus, small_heads[1], small_heads[0])
     if n_small < gpus:
@@ -170,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
              iters=iters, arms=decode_arms, **kw),
         240,
     )  # fmt: skip
+    if gpus >= 2:
+        steps.run(
+            "pipeline_05b",
+            _run(m05, out / "pipeline_05b.json", regime="prefill", seq=seq, gen=gen,
+                 iters=iters, arms="eager", placement="pipeline",
+                 **{**kw, "nproc": gpus, "device": "cpu" if args.dry_run else "cuda"}),
+            240,
+        )  # fmt: skip
     if not args.skip_7b and not args.dry_run:
         heads = (int(QWEN7B_SHAPE["num_attention_heads"]), int(QWEN7B_SHAPE["num_key_value_heads"]))
         n_big = ranks_for(gpus, heads[1], heads[0])

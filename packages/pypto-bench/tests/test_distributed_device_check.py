@@ -1,5 +1,6 @@
 """tools/device_check_distributed.py --dry-run: the GPU script's steps on CPU (gloo, 2
-ranks, tiny Llama), results and summary in --out. One subprocess, two launches."""
+ranks, tiny Llama), results and summary in --out. One subprocess, two launches and one
+pipeline run."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def test_dry_run_writes_every_figure(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "| prefill_05b | eager | 2 | gloo |" in summary
     assert "| decode_05b | graph | 2 | gloo |" in summary
+    pipeline = json.loads((out / "pipeline_05b.json").read_text())
+    assert pipeline["distributed"]["placement"] == "pipeline"
+    assert pipeline["distributed"]["agreement"]["ok"]
+    assert "| pipeline_05b | eager | 2 | pipeline |" in summary
     assert not list(out.glob("*.safetensors"))  # model folders stay outside $OUT
 
 

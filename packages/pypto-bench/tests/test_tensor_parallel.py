@@ -117,3 +117,33 @@ def test_the_plan_comes_from_the_class_not_the_instance():
     LLaDA2MoeConfig = llada2.LLaDA2MoeConfig
 
     assert plan_of(LLaDA2MoeConfig())["layers.*.attention.dense"] == "rowwise"
+
+
+@pytest.mark.parametrize("family", ["llada2_moe", "minimax_m27", "minimax_m3"])
+def test_every_family_plan_entry_matches_the_real_model(family, tmp_path):
+    """A plan entry that matches nothing silently leaves a layer whole (correct but not
+    sharded): every entry of the in-repo plans must hit the tiny real models (M3's dense
+    MLP entries need a dense layer, which the tiny M3 has)."""
+    pytest.importorskip("pypto_patch")
+    from pypto_patch import apply
+
+    from pypto_bench.loading import load_model
+
+    if family == "llada2_moe":
+        pytest.importorskip("pypto_models_llada2")
+        from pypto_testing.llada2 import make_tiny_llada2 as make
+
+        folder = make(tmp_path / "m")
+    else:
+        pytest.importorskip("pypto_models_minimax")
+        from pypto_testing import minimax
+
+        make = minimax.make_tiny_minimax_m27 if family == "minimax_m27" else minimax.make_tiny_minimax_m3
+        folder = make(tmp_path / "m", weights="float32")
+    apply(folder, family=family)
+    model = load_model(folder, device="cpu", dtype="float32", trust_remote_code=True).model
+    plan = plan_of(model.config)
+    assert plan
+    report = shard_model(model, plan, rank=1, world=2)
+    assert report.unmatched == []
+    assert sum(p.numel() for p in model.parameters()) < 0.8 * report.full_parameters
