@@ -41,7 +41,10 @@ def _pinned(folder: Path, family: str) -> Path:
     """Pin with pypto-patch; the in-repo family packages are not pypto-bench test needs
     (skipped where they are not installed, e.g. nox's package(pypto-bench) session)."""
     pytest.importorskip("pypto_patch")
-    pytest.importorskip({"llada2_moe": "pypto_models_llada2"}.get(family, "pypto_models_minimax"))
+    packages = {"llada2": "pypto_models_llada2", "gemma4": "pypto_models_gemma4"}
+    pytest.importorskip(
+        next((v for k, v in packages.items() if family.startswith(k)), "pypto_models_minimax")
+    )
     from pypto_patch import apply
 
     apply(folder, family=family)
@@ -169,6 +172,22 @@ def test_minimax_m3_pinned_decode_eager_and_graph_tokens_equal(tmp_path):
     graph = {a.name: a for a in report.arms}["graph"]
     assert graph.details.get("moe_routing") == "exact"
     assert "PyptoMiniMaxM3Config" in report.distributed["tp_plan"]
+    _sharded(report)
+
+
+def test_gemma4_pinned_shards_by_the_native_plan_through_the_strict_loader(tmp_path):
+    """The pinned Gemma 4 classes pass ``distributed_config`` to transformers' loader (their
+    strict check runs on the sharded result) and inherit the native plan, MoE included."""
+    from pypto_testing.gemma4 import make_tiny_gemma4
+
+    folder = make_tiny_gemma4(
+        tmp_path / "g4", "26b_a4b", vision=False, num_key_value_heads=2,
+        num_global_key_value_heads=2,
+    )  # fmt: skip
+    _pinned(folder, "gemma4_26b_a4b_it")
+    report = _run(folder, tmp_path / "state", trust_remote_code=True)
+    assert report.distributed["agreement"]["max_abs_diff"] < 1e-4
+    assert "PyptoGemma4Config26BA4B" in report.distributed["tp_plan"]
     _sharded(report)
 
 

@@ -125,9 +125,8 @@ def test_every_family_plan_entry_matches_the_real_model(family, tmp_path):
     sharded): every entry of the in-repo plans must hit the tiny real models (M3's dense
     MLP entries need a dense layer, which the tiny M3 has)."""
     pytest.importorskip("pypto_patch")
-    from pypto_patch import apply
-
     from pypto_bench.loading import load_model
+    from pypto_patch import apply
 
     if family == "llada2_moe":
         pytest.importorskip("pypto_models_llada2")
@@ -138,7 +137,11 @@ def test_every_family_plan_entry_matches_the_real_model(family, tmp_path):
         pytest.importorskip("pypto_models_minimax")
         from pypto_testing import minimax
 
-        make = minimax.make_tiny_minimax_m27 if family == "minimax_m27" else minimax.make_tiny_minimax_m3
+        make = (
+            minimax.make_tiny_minimax_m27
+            if family == "minimax_m27"
+            else minimax.make_tiny_minimax_m3
+        )
         folder = make(tmp_path / "m", weights="float32")
     apply(folder, family=family)
     model = load_model(folder, device="cpu", dtype="float32", trust_remote_code=True).model
