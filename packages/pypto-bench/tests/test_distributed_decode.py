@@ -77,6 +77,11 @@ def test_graph_decode_tokens_equal_single_process(decode_run, tiny_llama):
     assert dist["scaling_efficiency"] is not None
     ranks = report.distributed["ranks"]
     assert all(r["arms"]["graph"]["samples_s"] for r in ranks)
+    # measured on one more replayed iteration: the compiled step calls the collectives as ops
+    for r in ranks:
+        comm = r["arms"]["graph"]["communication"]
+        assert comm["collective_spans"] > 0 and 0 < comm["share"] < 1, comm
+    assert dist["communication_share"]["median"] > 0
 
 
 def _two_cuda_devices() -> bool:
