@@ -975,41 +975,50 @@ def _load_sharded(
 ) -> tuple[Any, Any, float]:
     if plan.startswith(PYPTO_PLAN_PREFIX):
         return _load_own_plan(config, world, device)
-    import torch
-    from transformers import AutoTokenizer
     from transformers.distributed.configuration_utils import DistributedConfig
 
-    from .loading import _auto_class, check_model_folder, read_model_config, torch_dtype
+    from .loading import check_model_folder, read_model_config
 
     path = check_model_folder(config.model_path)
-    raw = read_model_config(path)
+    extra = {"distributed_config": DistributedConfig(tp_plan="auto", tp_size=world)}
+    return load_placed(config, path, read_model_config(path), extra, f"sharded over {world} ranks")
+
+
+def load_placed(
+    config: BenchConfig, path: Path, raw: dict[str, Any], extra: dict[str, Any], how: str
+) -> tuple[Any, Any, float]:
+    """Tokenizer and model through transformers' own placement (``extra``: a
+    ``distributed_config`` or a ``device_map``, both of which need accelerate), in eval
+    mode; (model, tokenizer, seconds). ``how`` names the placement in errors."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from .loading import _auto_class, torch_dtype
+
     kwargs: dict[str, Any] = {
         "local_files_only": True,
         "trust_remote_code": config.trust_remote_code,
         "dtype": torch_dtype(config.dtype),
-        "distributed_config": DistributedConfig(tp_plan="auto", tp_size=world),
+        **extra,
     }
     if config.attn_implementation:
         kwargs["attn_implementation"] = config.attn_implementation
     torch.manual_seed(config.seed)
     start = time.perf_counter()
+    need = f"loading {how} needs accelerate: pip install 'pypto-bench[distributed]'"
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
         )
         model = _auto_class(raw).from_pretrained(str(path), **kwargs)
     except ImportError as err:
-        raise EnvironmentMissingError(
-            f"sharded loading needs accelerate: pip install 'pypto-bench[distributed]' ({err})"
-        ) from err
+        raise EnvironmentMissingError(f"{need} ({err})") from err
     except Exception as err:
         msg = redact(" ".join(str(err).split()))
         if "requires `accelerate`" in msg:
-            raise EnvironmentMissingError(
-                "sharded loading needs accelerate: pip install 'pypto-bench[distributed]'"
-            ) from err
+            raise EnvironmentMissingError(need) from err
         raise ModelLoadError(
-            f"loading {path} sharded over {world} ranks failed: {type(err).__name__}: {msg[:300]}"
+            f"loading {path} {how} failed: {type(err).__name__}: {msg[:300]}"
         ) from err
     model.eval()
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
@@ -1118,6 +1127,7 @@ def _communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
         synchronize(device)
         wall = time.perf_counter() - start
     spans = []
+    by_op: dict[str, float] = {}
     for e in prof.events():
         name = str(e.name)
         if device.type == "cuda":
@@ -1126,7 +1136,24 @@ def _communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
         else:
             hit = name.startswith(COLLECTIVE_PREFIXES)
         if hit:
-            spans.append((float(e.time_range.start), float(e.time_range.end)))
+            a, b = float(e.time_range.start), float(e.time_range.end)
+            spans.append((a, b))
+            by_op[name] = by_op.get(name, 0.0) + (b - a) / 1e6
+    figures = _comm_figures(
+        spans,
+        wall,
+        "torch.profiler: NCCL kernels on the device (union)"
+        if device.type == "cuda"
+        else "torch.profiler: c10d / _c10d_functional ops on the rank (union)",
+    )
+    # Per op name (seconds, summed; spans may nest): where the time went, e.g. a
+    # functional all-reduce vs the wait_tensor that blocks until the peers arrive.
+    figures["by_op_s"] = dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:8])
+    return figures
+
+
+def _comm_figures(spans: list[tuple[float, float]], wall: float, method: str) -> dict[str, Any]:
+    """Time in collectives (the union of their spans, in us) against the step's wall time."""
     busy_us, calls = _union(spans)
     seconds = busy_us / 1e6
     return {
@@ -1134,11 +1161,7 @@ def _communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
         "step_seconds": wall,
         "share": seconds / wall if wall > 0 else None,
         "collective_spans": calls,
-        "method": (
-            "torch.profiler: NCCL kernels on the device (union)"
-            if device.type == "cuda"
-            else "torch.profiler: c10d / _c10d_functional ops on the rank (union)"
-        ),
+        "method": method,
     }
 
 
@@ -1178,15 +1201,11 @@ def _communication_npu(step: Callable[[], Any], device: Any) -> dict[str, Any]:
                 "unmeasured": "torch_npu.profiler wrote no trace_view.json (see ~/ascend/log)",
             }  # fmt: skip
         spans = hccl_spans(traces[-1])
-    busy_us, calls = _union(spans)
-    seconds = busy_us / 1e6
-    return {
-        "seconds": seconds,
-        "step_seconds": wall,
-        "share": seconds / wall if wall > 0 else None,
-        "collective_spans": calls,
-        "method": "torch_npu.profiler: hcom_* operators on the HCCL rows of trace_view.json (union)",
-    }
+    return _comm_figures(
+        spans,
+        wall,
+        "torch_npu.profiler: hcom_* operators on the HCCL rows of trace_view.json (union)",
+    )
 
 
 def hccl_spans(trace_view: Path) -> list[tuple[float, float]]:

@@ -19,13 +19,12 @@ placed anywhere else.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pypto_common import redact
 
-from .errors import BadInputError, EnvironmentMissingError, ModelLoadError
+from .errors import BadInputError, ModelLoadError
 
 if TYPE_CHECKING:
     from .bench import BenchConfig
@@ -171,6 +170,7 @@ def run_pipeline(config: BenchConfig) -> Report:
         _protocol,
         baseline_skip_reason,
         check_nproc,
+        load_placed,
     )
     from .loading import check_model_folder, needs_remote_code, read_model_config
     from .report import check_report_path, new_report
@@ -205,7 +205,9 @@ def run_pipeline(config: BenchConfig) -> Report:
     from .measure import RssPeak
 
     load_rss = RssPeak()
-    model, tokenizer, load_s = _load_split(config, path, raw, mapping)
+    model, tokenizer, load_s = load_placed(
+        config, path, raw, {"device_map": mapping}, "over a device map"
+    )
     ctx = _make_ctx(config, model, tokenizer, first, lambda *a: None)
     run = _protocol(ctx, "eager", with_comm=False)
     run.model_info = {
@@ -284,48 +286,6 @@ def _plan(config: BenchConfig, path: Path, raw: dict[str, Any], device_type: str
             f"{type(err).__name__}: {redact(' '.join(str(err).split()))[:300]}"
         ) from err
     return stage_device_map(meta, config.nproc, device_type)
-
-
-def _load_split(
-    config: BenchConfig, path: Path, raw: dict[str, Any], mapping: dict[str, str]
-) -> tuple[Any, Any, float]:
-    import torch
-    from transformers import AutoTokenizer
-
-    from .loading import _auto_class, torch_dtype
-
-    kwargs: dict[str, Any] = {
-        "local_files_only": True,
-        "trust_remote_code": config.trust_remote_code,
-        "dtype": torch_dtype(config.dtype),
-        "device_map": mapping,
-    }
-    if config.attn_implementation:
-        kwargs["attn_implementation"] = config.attn_implementation
-    torch.manual_seed(config.seed)
-    start = time.perf_counter()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
-        )
-        model = _auto_class(raw).from_pretrained(str(path), **kwargs)
-    except ImportError as err:
-        raise EnvironmentMissingError(
-            f"a device map needs accelerate: pip install 'pypto-bench[distributed]' ({err})"
-        ) from err
-    except Exception as err:
-        msg = redact(" ".join(str(err).split()))
-        if "requires `accelerate`" in msg or ("accelerate" in msg and "install" in msg):
-            raise EnvironmentMissingError(
-                "a device map needs accelerate: pip install 'pypto-bench[distributed]'"
-            ) from err
-        raise ModelLoadError(
-            f"loading {path} over a device map failed: {type(err).__name__}: {msg[:300]}"
-        ) from err
-    model.eval()
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer, time.perf_counter() - start
 
 
 def _stage_entry(stage: dict[str, Any], model: Any, figures: dict[str, Any]) -> dict[str, Any]:
