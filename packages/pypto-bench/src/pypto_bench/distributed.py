@@ -926,12 +926,15 @@ def _out_of_memory(err: BaseException) -> bool:
     return False
 
 
-def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, Any, float]:
+def _load_own_plan(
+    config: BenchConfig, world: int, device: Any, beat: _Heartbeat | None = None
+) -> tuple[Any, Any, float]:
     """An in-repo family: the standard (strict) load on the host, cut to this rank's shard
     by the family's ``pypto_tp_plan``, then moved to the rank's device.
 
     Ranks take turns (rank r loads after rank r-1 has dropped what is not its shard), so
-    the host holds one whole copy at a time, not one per rank.
+    the host holds one whole copy at a time, not one per rank. Every finished turn is
+    progress for the watchdog: ``--rank-timeout`` bounds one rank's load, not all N.
     """
     import torch.distributed as dist
 
@@ -967,14 +970,16 @@ def _load_own_plan(config: BenchConfig, world: int, device: Any) -> tuple[Any, A
             model.to(device)
             del loaded
         dist.barrier()
+        if beat is not None:
+            beat.advance(f"loading the sharded model: rank {turn} of {world} loaded")
     return model, tokenizer, time.perf_counter() - start
 
 
 def _load_sharded(
-    config: BenchConfig, world: int, device: Any, plan: str = ""
+    config: BenchConfig, world: int, device: Any, plan: str = "", beat: _Heartbeat | None = None
 ) -> tuple[Any, Any, float]:
     if plan.startswith(PYPTO_PLAN_PREFIX):
-        return _load_own_plan(config, world, device)
+        return _load_own_plan(config, world, device, beat)
     from transformers.distributed.configuration_utils import DistributedConfig
 
     from .loading import check_model_folder, read_model_config
@@ -1034,7 +1039,7 @@ def _measure_rank(
     from .measure import RssPeak
 
     load_rss = RssPeak()
-    model, tokenizer, load_s = _load_sharded(config, world, device, str(spec["plan"]))
+    model, tokenizer, load_s = _load_sharded(config, world, device, str(spec["plan"]), beat)
 
     def tick(arm: str, done: int, total: int) -> None:
         beat.advance(f"iteration {done}/{total}")
