@@ -276,3 +276,27 @@ def test_remote_code_without_a_preset_is_a_patch_failure(tmp_path, tiny_model_di
     assert info.value.exit_code == EXIT.REMOTE_CODE_REFUSED
     assert "--family" in str(info.value)
     assert "--trust-remote-code" in str(info.value)
+
+
+def test_nproc_and_pipeline_placement_go_through_e2e(hub, tmp_path):
+    """Issue #17: `pypto-e2e run --nproc 2` runs the bench step on 2 ranks (the tiny Llama's
+    TP plan, gloo) and the report holds the gathered figures; `--placement pipeline`
+    (a changed bench input) re-runs the bench step alone, layers split over a device map."""
+    if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPU cores")
+    work = tmp_path / "run"
+    args = ["run", "--model-id", TINY_REPO, "--work-dir", str(work), "--endpoint", hub.endpoint,
+            "--skip", "smoke", "--arms", "eager", "--regime", "prefill", "--nproc", "2",
+            *FAST]  # fmt: skip
+    first = run_cli(*args)
+    assert first.returncode == EXIT.OK, first.stderr
+    dist = json.loads((work / "report" / "bench.json").read_text())["distributed"]
+    assert (dist["placement"], dist["backend"], len(dist["ranks"])) == ("tensor", "gloo", 2)
+    assert dist["agreement"]["ok"]
+    second = run_cli(*args, "--placement", "pipeline")
+    assert second.returncode == EXIT.OK, second.stderr
+    assert "[download] reused" in second.stderr
+    assert "[bench] ok" in second.stderr
+    dist = json.loads((work / "report" / "bench.json").read_text())["distributed"]
+    assert dist["placement"] == "pipeline"
+    assert dist["agreement"]["ok"]
