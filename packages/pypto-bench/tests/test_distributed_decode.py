@@ -77,12 +77,14 @@ def test_graph_decode_tokens_equal_single_process(decode_run, tiny_llama):
     assert dist["scaling_efficiency"] is not None
     ranks = report.distributed["ranks"]
     assert all(r["arms"]["graph"]["samples_s"] for r in ranks)
-    # measured on one more replayed iteration: the compiled step calls the collectives as ops
+    # not profiled on CPU (the profiler over compiled gloo collectives can crash a rank)
     for r in ranks:
         comm = r["arms"]["graph"]["communication"]
-        assert comm["collective_spans"] > 0, comm
-        assert 0 < comm["share"] < 1, comm
-    assert dist["communication_share"]["median"] > 0
+        assert comm["share"] is None
+        assert "SIGSEGV" in comm["unmeasured"]
+    assert dist["communication_share"]["median"] is None
+    # the eager arm's is measured
+    assert all(0 < r["communication"]["share"] < 1 for r in ranks)
 
 
 def _two_cuda_devices() -> bool:

@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 #: capture HCCL tasks), the rank's device graph replayed in lockstep with its peers.
 DISTRIBUTED_REGIMES = ("prefill", "decode")
 DISTRIBUTED_ARMS = ("eager", "graph")
+#: Why the graph arm's time in collectives is not measured on CPU (see ``_protocol``).
+GRAPH_COMM_UNMEASURED_CPU = (
+    "not measured on CPU: torch.profiler over the compiled step with gloo collectives in "
+    "flight can crash a rank (SIGSEGV in wait_tensor); measured on CUDA (NCCL kernels)"
+)
 #: ``--graph-backend auto`` across ranks: plain stream capture on accelerators (the eager
 #: step with its collectives inside); compiling first would also trace the collectives
 #: into inductor's graph, one more layer between the bench and the NCCL/HCCL calls.
@@ -746,9 +751,19 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
         with _moe_routing_for(ctx, arm):
             tokens = _run_graph_decode(ctx, arm, mem, keep)
             arm.memory = mem.result()
-            # One more replayed iteration under the profiler: the compiled step calls the
-            # functional collectives as ops (CPU), a CUDA graph replays NCCL kernels.
-            comm = _communication(keep["once"], ctx.device) if with_comm else None
+            # One more replayed iteration under the profiler (a CUDA graph replays NCCL
+            # kernels, which CUPTI sees). Not on CPU: profiling the compiled step while two
+            # gloo all-reduces are in flight crashed a rank (SIGSEGV in wait_tensor, once in
+            # a CI run; torch 2.13), and a measurement must not be able to kill the run.
+            if not with_comm:
+                comm = None
+            elif ctx.device.type == "cpu":
+                comm = {
+                    "seconds": None, "step_seconds": None, "share": None, "method": None,
+                    "unmeasured": GRAPH_COMM_UNMEASURED_CPU,
+                }  # fmt: skip
+            else:
+                comm = _communication(keep["once"], ctx.device)
         seconds = list(arm.seconds.get("samples") or [])
         figures: dict[str, Any] = {
             "step_s": _spread(seconds),
@@ -1297,17 +1312,10 @@ def _build_report(
         ranks = [g[name] for g in gathered]
         base = baselines[name] if baselines is not None else None
         arm, figures = _aggregate_arm(config, name, runs[name], base, ranks, skipped)
-        report.arms.append(arm)
         per_arm[name] = figures
-        if figures["agreement"]["ok"] is False:
-            msg = f"{name} on {config.nproc} ranks: {figures['agreement']['summary']}"
-            arm.warnings.append(msg)
-            report.warnings.append(msg)
+        add_arm(report, arm, figures, f"{name} on {config.nproc} ranks")
     if skipped:
-        report.warnings.append(
-            f"1-rank baseline skipped ({skipped}): no speedup, scaling efficiency or agreement "
-            "figures"
-        )
+        report.warnings.append(f"1-rank baseline skipped ({skipped}): {NO_BASELINE_FIGURES}")
     _guard_noise(report, [baselines[n].arm for n in config.arms] if baselines else [], load)
     ranks_out = []
     for g in gathered:
@@ -1328,6 +1336,18 @@ def _build_report(
     }
     report.finish()
     return report.to_dict()
+
+
+NO_BASELINE_FIGURES = "no speedup, scaling efficiency or agreement figures"
+
+
+def add_arm(report: Any, arm: Any, figures: dict[str, Any], where: str) -> None:
+    """Append an aggregated arm; a disagreement with the 1-rank run is a warning on both."""
+    report.arms.append(arm)
+    if figures["agreement"]["ok"] is False:
+        msg = f"{where}: {figures['agreement']['summary']}"
+        arm.warnings.append(msg)
+        report.warnings.append(msg)
 
 
 def _aggregate_arm(

@@ -163,11 +163,13 @@ def run_pipeline(config: BenchConfig) -> Report:
     import torch
 
     from .distributed import (
+        NO_BASELINE_FIGURES,
         _aggregate_arm,
         _baseline,
         _make_ctx,
         _out_of_memory,
         _protocol,
+        add_arm,
         baseline_skip_reason,
         check_nproc,
         load_placed,
@@ -228,15 +230,9 @@ def run_pipeline(config: BenchConfig) -> Report:
 
     report = new_report(config, device=first, device_name=device_name(first))
     report.model = {k: v for k, v in run.model_info.items() if k != "device"}
-    report.arms.append(arm)
-    if figures["agreement"]["ok"] is False:
-        msg = f"eager over {config.nproc} pipeline stages: {figures['agreement']['summary']}"
-        arm.warnings.append(msg)
-        report.warnings.append(msg)
+    add_arm(report, arm, figures, f"eager over {config.nproc} pipeline stages")
     if skipped:
-        report.warnings.append(
-            f"1-rank baseline skipped ({skipped}): no speedup or agreement figures"
-        )
+        report.warnings.append(f"1-rank baseline skipped ({skipped}): {NO_BASELINE_FIGURES}")
     if device_type == "cpu":
         report.warnings.append(
             "--placement pipeline on a CPU: every stage is the one CPU (the mechanics ran; "
