@@ -29,7 +29,6 @@ from pypto_common import redact
 from . import noise
 from .errors import (
     BadInputError,
-    EnvironmentMissingError,
     RegimeNotSupportedError,
 )
 from .measure import (
@@ -1253,14 +1252,11 @@ def _load_context(
 
     import torch
 
-    from pypto_capture import memory_stats, reset_peak_memory, resolve_device
+    from pypto_capture import memory_stats, reset_peak_memory
 
-    try:
-        device = resolve_device(config.device)
-    except Exception as err:
-        raise EnvironmentMissingError(
-            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
-        ) from err
+    from .environment import open_device
+
+    device = open_device(config.device)
 
     from .measure import RssPeak
 

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,14 +163,9 @@ def visible_devices(device_type: str) -> int:
 
 
 def _device_type(config: BenchConfig) -> str:
-    from pypto_capture import resolve_device
+    from .environment import open_device
 
-    try:
-        device = resolve_device(config.device)
-    except Exception as err:
-        raise EnvironmentMissingError(
-            f"device {config.device!r} is not available: {redact(' '.join(str(err).split()))}"
-        ) from err
+    device = open_device(config.device)
     if device.type != "cpu" and (device.index or 0) != 0:
         raise BadInputError(
             f"--device {config.device} with --nproc: rank r uses {device.type}:r, so pass "
@@ -369,18 +364,29 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.05)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that have not ended (Linux /proc; [] elsewhere)."""
-    found = []
+def _stat(pid: Any) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first); None if gone."""
+    try:
+        return Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, stat fields) of every process of group ``pgid`` (Linux /proc; none elsewhere)."""
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                rest = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
-                if int(rest[2]) == pgid and rest[0] != "Z":
-                    found.append(int(entry.name))
-    return found
+            rest = _stat(entry.name)
+            with contextlib.suppress(IndexError, ValueError):
+                if rest is not None and int(rest[2]) == pgid:
+                    yield int(entry.name), rest
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the processes of group ``pgid`` that have not ended (Linux /proc; [] elsewhere)."""
+    return [pid for pid, rest in _group_stats(pgid) if rest[0] != "Z"]
 
 
 def _launch_and_wait(spec_path: Path, folder: Path, config: BenchConfig) -> None:
@@ -488,18 +494,15 @@ class _Watchdog:
 
 
 def _proc_state(pid: Any) -> str | None:
-    try:
-        text = Path(f"/proc/{int(pid)}/stat").read_text()
-    except (OSError, TypeError, ValueError):
-        return None
-    return text.rpartition(")")[2].split()[0]
+    rest = _stat(pid)
+    return rest[0] if rest else None
 
 
 def _cpu_seconds(pid: Any) -> float | None:
+    rest = _stat(pid)
     try:
-        parts = Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()
-        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, TypeError, ValueError, IndexError):
+        return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK") if rest else None
+    except (ValueError, IndexError):
         return None
 
 
@@ -1013,7 +1016,7 @@ def load_placed(
     import torch
     from transformers import AutoTokenizer
 
-    from .loading import _auto_class, torch_dtype
+    from .loading import _auto_class, ready_for_inference, torch_dtype
 
     kwargs: dict[str, Any] = {
         "local_files_only": True,
@@ -1040,9 +1043,7 @@ def load_placed(
         raise ModelLoadError(
             f"loading {path} {how} failed: {type(err).__name__}: {msg[:300]}"
         ) from err
-    model.eval()
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
+    ready_for_inference(model, tokenizer)
     return model, tokenizer, time.perf_counter() - start
 
 
@@ -1474,14 +1475,9 @@ def group_load_sampler(pgid: int) -> Any:
 def group_jiffies(pgid: int) -> int:
     """CPU jiffies (own and reaped children's) of the live processes of group ``pgid``."""
     total = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                rest = Path(entry.path, "stat").read_text().rpartition(")")[2].split()
-                if int(rest[2]) == pgid:
-                    total += sum(int(x) for x in rest[11:15])
+    for _, rest in _group_stats(pgid):
+        with contextlib.suppress(ValueError):
+            total += sum(int(x) for x in rest[11:15])
     return total
 
 

@@ -60,6 +60,21 @@ ALLOC_CONF = NPU.env_name("torch_npu.PYTORCH_NPU_ALLOC_CONF")
 NPU_ALLOC_CONF_DEFAULT = "expandable_segments:True"
 
 
+def open_device(spec: str | int | None) -> Any:
+    """``spec`` as a torch device, or one ``EnvironmentMissingError`` line naming why not."""
+    from pypto_capture import resolve_device
+    from pypto_common import redact
+
+    from .errors import EnvironmentMissingError
+
+    try:
+        return resolve_device(spec)
+    except Exception as err:
+        raise EnvironmentMissingError(
+            f"device {spec!r} is not available: {redact(' '.join(str(err).split()))}"
+        ) from err
+
+
 def _spec_may_be_npu(spec: str | int | None) -> bool:
     text = "auto" if spec is None else str(spec).strip().lower()
     return text == "auto" or text.isdigit() or text.startswith("npu")

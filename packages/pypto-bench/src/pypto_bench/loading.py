@@ -175,14 +175,20 @@ def load_model(
         raise ModelLoadError(
             f"moving the model to {device} failed: {redact(' '.join(str(err).split()))[:300]}"
         ) from err
-    model.eval()
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
-        tokenizer.pad_token = tokenizer.eos_token
+    ready_for_inference(model, tokenizer)
     seconds = time.perf_counter() - start
     log.info("loaded %s (%s) in %.2fs", path, type(model).__name__, seconds)
     return LoadedModel(
         model=model, tokenizer=tokenizer, path=path, config=config, load_seconds=seconds
     )
+
+
+def ready_for_inference(model: Any, tokenizer: Any) -> None:
+    """Eval mode, and a pad token (the EOS one) where the tokenizer has none: batched
+    prompts are padded."""
+    model.eval()
+    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
+        tokenizer.pad_token = tokenizer.eos_token
 
 
 def eos_token_ids(model: Any, tokenizer: Any = None) -> list[int]:

@@ -187,12 +187,8 @@ def run_pipeline(config: BenchConfig) -> Report:
             f"model type {raw.get('model_type')!r} at {path} ships its own code: "
             "rerun with --trust-remote-code if you trust that folder"
         )
-    device_type = check_nproc(config)
+    device_type = check_nproc(config)  # resolves the device, refuses too many stages
     first = torch.device(device_type) if device_type == "cpu" else torch.device(device_type, 0)
-    if device_type != "cpu":
-        from pypto_capture import resolve_device
-
-        resolve_device(str(first))
     mapping, stages = _plan(config, path, raw, device_type)
 
     skipped = baseline_skip_reason(config, first)

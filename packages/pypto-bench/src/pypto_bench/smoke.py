@@ -72,22 +72,15 @@ def smoke(
     Bad input (missing folder, unknown device) raises; every failure of the model itself
     is a ``SmokeResult`` with ``passed=False`` so callers can report it uniformly.
     """
-    from pypto_capture import resolve_device
-
-    from .environment import prepare_device_env
-    from .errors import BadInputError, EnvironmentMissingError
+    from .environment import open_device, prepare_device_env
+    from .errors import BadInputError
     from .loading import check_model_folder, load_model
 
     if max_new_tokens < 1:
         raise BadInputError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
     check_model_folder(model_path)
     prepare_device_env(device)
-    try:
-        dev = resolve_device(device)
-    except Exception as err:
-        raise EnvironmentMissingError(
-            f"device {device!r} is not available: {redact(' '.join(str(err).split()))}"
-        ) from err
+    dev = open_device(device)
 
     result = SmokeResult(
         passed=False,
