@@ -766,3 +766,35 @@ def test_the_token_appears_in_no_output_and_no_file(loopback):
         paths = [base] if base.is_file() else [p for p in base.rglob("*") if p.is_file()]
         for path in paths:
             assert needle not in path.read_bytes(), path
+
+
+@pytest.mark.skipif(
+    shutil.which("nox") is None, reason="nox is not on PATH (the README installs it)"
+)
+@pytest.mark.parametrize(
+    "posargs",
+    [
+        ["--dry-run", "pypi-" + "AgEIcHlwaS5vcmcCJGE0ZDk3ZTk4LWExYjItNGM1ZC05ZTZmLTAwMTEy" * 2],
+        ["--token", "s3cr3t-value-1"],
+        ["--repository-url", "https://__token__:s3cr3t-value-2@upload.example/legacy/"],
+    ],
+    ids=["bare-pypi-token", "token-flag", "url-credentials"],
+)
+def test_nox_release_refuses_a_credential_on_its_command_line_without_printing_it(
+    posargs, tmp_path
+):
+    """nox prints every command it runs: the release session must stop before running
+    anything when its arguments carry a credential, and nothing it prints may hold it."""
+    proc = subprocess.run(
+        ["nox", "-f", str(ROOT / "noxfile.py"), "--no-venv", "-s", "release(pypto-common)",
+         "--", *posargs],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={**os.environ, "PYPTO_RELEASE_TOKEN": ""},
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "a credential is on the command line" in out
+    for secret in ("AgEIcHlwaS5vcmc", "s3cr3t-value"):
+        assert secret not in out
+    assert "Running command" not in out
+    assert "tools/release.py" not in out

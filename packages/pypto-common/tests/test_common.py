@@ -29,6 +29,21 @@ def test_redact_masks_tokens_urls_headers_and_env(monkeypatch):
     assert "rev=main" in out
 
 
+PYPI_TOKEN = "pypi-AgEIcHlwaS5vcmcCJGE0ZDk3ZTk4LWExYjItNGM1ZC05ZTZmLTAwMTEyMjMzNDQ1NQACKlsz"
+
+
+def test_redact_masks_package_index_tokens_and_the_release_token_env(monkeypatch):
+    """tools/release.py uploads with $PYPTO_RELEASE_TOKEN (a PyPI token, or any string for
+    another index): both are masked wherever they appear, e.g. on a nox command line."""
+    monkeypatch.setenv("PYPTO_RELEASE_TOKEN", "index-s3cret-42")
+    out = pc.redact(f"upload {PYPI_TOKEN} then index-s3cret-42 done")
+    assert PYPI_TOKEN[8:] not in out
+    assert "index-s3cret-42" not in out
+    assert pc.redact_argv(["--dry-run", PYPI_TOKEN]) == ["--dry-run", "***"]
+    # ordinary names that start the same way are left alone
+    assert pc.redact("pip install pypi-simple pypto-bench") == "pip install pypi-simple pypto-bench"
+
+
 def test_redact_explicit_secret_that_matches_no_pattern():
     assert "plainsecret" not in pc.redact("echo: plainsecret!", ["plainsecret"])
 

@@ -19,7 +19,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 MASK = "***"
 
 #: Environment variables whose values are secrets wherever they appear.
-SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN", "HF_API_TOKEN")
+SECRET_ENV_VARS = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HUGGINGFACE_HUB_TOKEN",
+    "HF_API_TOKEN",
+    "PYPTO_RELEASE_TOKEN",  # the package index token tools/release.py uploads with
+)
 
 #: Command-line flags whose value (next argument or ``--flag=value``) is a secret.
 SECRET_FLAGS = frozenset(
@@ -32,6 +38,9 @@ _SECRET_QUERY_KEYS = frozenset(
 )
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/\s@?#]+)@")
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}\b")
+# A PyPI API token: "pypi-" and a base64url macaroon (well over 50 characters; package
+# names that start with "pypi-" are far shorter).
+_PYPI_TOKEN = re.compile(r"\bpypi-[A-Za-z0-9_-]{50,}")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*)(?:(bearer|basic|token)\s+)?[^\s,;'\"]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+")
 _QUERY_SECRET = re.compile(
@@ -61,6 +70,7 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     )
     text = _BEARER.sub(lambda m: f"{m.group(1)}{MASK}", text)
     text = _HF_TOKEN.sub(MASK, text)
+    text = _PYPI_TOKEN.sub(MASK, text)
     return _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{MASK}", text)
 
 
