@@ -11,28 +11,16 @@ from pypto_models_gutenocr import EXIT
 from pypto_models_gutenocr.cli import main
 from pypto_models_gutenocr.npu import EXPERIMENTAL_ON, NPU, NPU_API_TABLE
 from pypto_models_gutenocr.runner import torchair_missing
+from pypto_testing.gutenocr import cli_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def _ask(folder):
-    return [
-        "ask",
-        "--model-path",
-        str(folder),
-        "--device",
-        "cpu",
-        "--warmup",
-        "1",
-        "--runs",
-        "1",
-        "--output_length",
-        "3",
-        "--use_acl_graph",
-        "--backend",
-        "eager",
-        "--json",
-    ]
+    return cli_argv(
+        "ask", folder, "--use_acl_graph", "--json", warmup=1, runs=1, output_length=3,
+        backend="eager",
+    )  # fmt: skip
 
 
 def test_without_torchair_it_is_plain_compile_dynamic_fullgraph_and_says_so(tiny_gutenocr, capsys):

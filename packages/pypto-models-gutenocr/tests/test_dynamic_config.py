@@ -7,26 +7,13 @@ import pytest
 from pypto_kernels_gutenocr import DynamicPTOConfig
 from pypto_models_gutenocr import EXIT
 from pypto_models_gutenocr.cli import main
+from pypto_testing.gutenocr import cli_argv
 
 
 def _ask(folder, *extra):
-    return [
-        "ask",
-        "--model-path",
-        str(folder),
-        "--device",
-        "cpu",
-        "--warmup",
-        "0",
-        "--runs",
-        "1",
-        "--output_length",
-        "2",
-        "--backend",
-        "eager",
-        "--json",
-        *extra,
-    ]
+    return cli_argv(
+        "ask", folder, "--json", *extra, warmup=0, runs=1, output_length=2, backend="eager"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ import pytest
 from pypto_models_gutenocr import EXIT
 from pypto_models_gutenocr.cli import main
 from pypto_models_gutenocr.preset import PRESET
+from pypto_testing.gutenocr import cli_argv
 
 
 def test_preset_is_registered_and_well_formed():
@@ -46,22 +47,16 @@ def test_placed_files_load_through_auto_classes_with_remote_code(tiny_gutenocr, 
 def test_ask_text_end_to_end(tiny_gutenocr, tmp_path, capsys):
     report_file = tmp_path / "r.json"
     rc = main(
-        [
+        cli_argv(
             "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "1",
-            "--output_length",
-            "4",
-            "--batch",
-            "2",
+            tiny_gutenocr,
             "--report-file",
             str(report_file),
             "--json",
-        ]
+            warmup=1,
+            output_length=4,
+            batch=2,
+        )
     )
     assert rc == EXIT.OK
     report = json.loads(capsys.readouterr().out)
@@ -76,26 +71,18 @@ def test_ask_text_end_to_end(tiny_gutenocr, tmp_path, capsys):
 def test_ask_image_with_pto_and_dynamic_policy(tiny_gutenocr, tiny_image, capsys, monkeypatch):
     monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
     rc = main(
-        [
+        cli_argv(
             "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "0",
-            "--output_length",
-            "2",
-            "--image",
-            str(tiny_image),
+            tiny_gutenocr,
             "--use_pto",
             "--use_dynamic_config",
-            "--runs",
-            "1",
-            "--backend",
-            "eager",
             "--json",
-        ]
+            warmup=0,
+            output_length=2,
+            image=tiny_image,
+            runs=1,
+            backend="eager",
+        )
     )
     assert rc == EXIT.OK
     report = json.loads(capsys.readouterr().out)
@@ -113,21 +100,15 @@ def test_ask_image_with_pto_and_dynamic_policy(tiny_gutenocr, tiny_image, capsys
 
 def test_use_acl_graph_says_which_graph_ran(tiny_gutenocr, capsys):
     rc = main(
-        [
+        cli_argv(
             "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "0",
-            "--output_length",
-            "2",
+            tiny_gutenocr,
             "--use_acl_graph",
-            "--backend",
-            "eager",
             "--json",
-        ]
+            warmup=0,
+            output_length=2,
+            backend="eager",
+        )
     )
     assert rc == EXIT.OK
     graph = json.loads(capsys.readouterr().out)["graph"]
@@ -140,22 +121,16 @@ def test_bench_writes_two_reports_and_a_summary(tiny_gutenocr, tmp_path, capsys,
     monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
     out = tmp_path / "bench"
     rc = main(
-        [
+        cli_argv(
             "bench",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "1",
-            "--runs",
-            "2",
-            "--output_length",
-            "3",
+            tiny_gutenocr,
             "--output-dir",
             str(out),
             "--json",
-        ]
+            warmup=1,
+            runs=2,
+            output_length=3,
+        )
     )
     assert rc == EXIT.OK
     summary = json.loads(capsys.readouterr().out)
@@ -183,17 +158,7 @@ def test_bench_writes_two_reports_and_a_summary(tiny_gutenocr, tmp_path, capsys,
     ],
 )
 def test_bad_input_is_one_line_with_exit_code(tiny_gutenocr, capsys, args, code, msg):
-    base = [
-        "ask",
-        "--model-path",
-        str(tiny_gutenocr),
-        "--device",
-        "cpu",
-        "--warmup",
-        "0",
-        "--output_length",
-        "1",
-    ]
+    base = cli_argv("ask", tiny_gutenocr, warmup=0, output_length=1)
     rc = main(base + args)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == getattr(EXIT, code)
@@ -207,20 +172,7 @@ def test_ask_device_0_is_the_first_card_or_the_cpu(tiny_gutenocr, capsys):
 
     from pypto_capture import npu_available
 
-    rc = main(
-        [
-            "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "0",
-            "--warmup",
-            "0",
-            "--output_length",
-            "2",
-            "--json",
-        ]
-    )
+    rc = main(cli_argv("ask", tiny_gutenocr, "--json", device="0", warmup=0, output_length=2))
     assert rc == EXIT.OK, capsys.readouterr().err
     report = json.loads(capsys.readouterr().out)
     expected = "npu:0" if npu_available() else "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -250,21 +202,16 @@ def test_unusable_policy_file_is_bad_usage(tiny_gutenocr, tmp_path, capsys):
     policy = tmp_path / "policy.json"
     policy.write_text("{not json")
     rc = main(
-        [
+        cli_argv(
             "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "0",
-            "--output_length",
-            "1",
+            tiny_gutenocr,
             "--use_pto",
             "--use_dynamic_config",
             "--policy-file",
             str(policy),
-        ]
+            warmup=0,
+            output_length=1,
+        )
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == EXIT.USAGE

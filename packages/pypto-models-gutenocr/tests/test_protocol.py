@@ -6,6 +6,7 @@ import statistics
 from pypto_models_gutenocr import EXIT
 from pypto_models_gutenocr.cli import build_parser, main
 from pypto_models_gutenocr.runner import WARMUP_NEW_TOKENS
+from pypto_testing.gutenocr import cli_argv
 
 
 def test_defaults_are_the_seeds_and_documented_in_help():
@@ -24,20 +25,7 @@ def test_defaults_are_the_seeds_and_documented_in_help():
 
 def test_ask_warms_up_short_then_reports_the_mean_of_five_runs(tiny_gutenocr, capsys):
     """Warmups are 10-token generations (not full length); five timed runs by default."""
-    rc = main(
-        [
-            "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "2",
-            "--output_length",
-            "13",
-            "--json",
-        ]
-    )
+    rc = main(cli_argv("ask", tiny_gutenocr, "--json", warmup=2, output_length=13))
     out, err = capsys.readouterr()
     assert rc == EXIT.OK, err
     report = json.loads(out)
@@ -60,22 +48,7 @@ def test_ask_warms_up_short_then_reports_the_mean_of_five_runs(tiny_gutenocr, ca
 
 def test_cpu_peak_memory_is_the_resident_peak_of_the_timed_runs(tiny_gutenocr, capsys):
     """Not an allocator 0, and not the load: VmHWM reset before the timed runs."""
-    rc = main(
-        [
-            "ask",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "0",
-            "--runs",
-            "1",
-            "--output_length",
-            "2",
-            "--json",
-        ]
-    )
+    rc = main(cli_argv("ask", tiny_gutenocr, "--json", warmup=0, runs=1, output_length=2))
     assert rc == EXIT.OK
     peak = json.loads(capsys.readouterr().out)["peak_memory"]
     assert peak["kind"] == "process_peak_rss"
@@ -91,22 +64,16 @@ def test_bench_summary_puts_best_median_stdev_beside_the_mean(
 ):
     monkeypatch.setenv("PYPTO_GUTENOCR_CPU_SIM", "0")
     rc = main(
-        [
+        cli_argv(
             "bench",
-            "--model-path",
-            str(tiny_gutenocr),
-            "--device",
-            "cpu",
-            "--warmup",
-            "1",
-            "--runs",
-            "3",
-            "--output_length",
-            "2",
+            tiny_gutenocr,
             "--output-dir",
             str(tmp_path),
             "--json",
-        ]
+            warmup=1,
+            runs=3,
+            output_length=2,
+        )
     )
     assert rc == EXIT.OK
     summary = json.loads(capsys.readouterr().out)

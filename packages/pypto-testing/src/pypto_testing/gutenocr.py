@@ -20,7 +20,7 @@ from typing import Any
 
 from .models import write_byte_tokenizer
 
-__all__ = ["SPECIALS", "TINY_GUTENOCR", "make_tiny_gutenocr"]
+__all__ = ["SPECIALS", "TINY_GUTENOCR", "cli_argv", "make_tiny_gutenocr"]
 
 #: Qwen2.5-VL's vision special tokens, added to the byte-level vocabulary.
 SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -98,3 +98,15 @@ def make_tiny_gutenocr(path: str | Path, seed: int = 0) -> Path:
     image_processor.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return path
+
+
+def cli_argv(
+    command: str, folder: str | Path, *flags: str, device: str = "cpu", **options: Any
+) -> list[str]:
+    """A ``pypto-gutenocr`` command line: ``command --model-path folder --device device``,
+    then every option as ``--name value`` (names as the CLI spells them, e.g.
+    ``output_length``), then ``flags`` as given. The tests' one spelling of it."""
+    argv = [command, "--model-path", str(folder), "--device", device]
+    for name, value in options.items():
+        argv += [f"--{name}", str(value)]
+    return [*argv, *flags]
