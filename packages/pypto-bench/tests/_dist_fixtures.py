@@ -6,6 +6,25 @@ from pathlib import Path
 from typing import Any
 
 
+def prefill_config(folder: Path, **overrides: Any) -> Any:
+    """The --nproc tests' run: 2 ranks, CPU, prefill seq 8, eager, one iteration, fp32."""
+    from pypto_bench import BenchConfig
+
+    values: dict[str, Any] = {
+        "model_path": str(folder),
+        "device": "cpu",
+        "regime": "prefill",
+        "seq": 8,
+        "arms": ("eager",),
+        "warmup": 0,
+        "iters": 1,
+        "dtype": "float32",
+        "measure_bandwidth": False,
+        "nproc": 2,
+    }
+    return BenchConfig(**{**values, **overrides})
+
+
 def make_folder(path: Path, model_type: str, **config: Any) -> Path:
     """A real, loadable folder of ``model_type`` with seeded random fp32 weights."""
     import torch

@@ -13,34 +13,26 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pypto_bench import BadInputError, BenchConfig, open_session, schema
+from pypto_bench import BadInputError, open_session, schema
 from pypto_bench.cli import main
 from pypto_bench.distributed import check_tp_plan, run_distributed, visible_devices
 from pypto_bench.errors import EXIT, NoTensorParallelPlanError
 from pypto_bench.report import format_table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_fixtures import alive, group_members, make_tiny_gpt2, reference_logits
+from _dist_fixtures import (
+    alive,
+    group_members,
+    make_tiny_gpt2,
+    prefill_config,
+    reference_logits,
+)
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
 
 def _config(folder, **kw):
-    values = dict(
-        model_path=str(folder),
-        device="cpu",
-        regime="prefill",
-        seq=8,
-        batch=1,
-        arms=("eager",),
-        warmup=1,
-        iters=2,
-        dtype="float32",
-        measure_bandwidth=False,
-        nproc=2,
-    )
-    values.update(kw)
-    return BenchConfig(**values)
+    return prefill_config(folder, **{"batch": 1, "warmup": 1, "iters": 2, **kw})
 
 
 @pytest.fixture(scope="module")

@@ -17,30 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from pypto_bench import BenchConfig
 from pypto_bench.distributed import run_distributed, visible_devices
 from pypto_bench.errors import EXIT, RankFailedError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_fixtures import alive, group_members
+from _dist_fixtures import alive, group_members, prefill_config
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
 
 def _run_and_hit(folder: Path, state: Path, sig: int, rank_timeout: float) -> tuple[str, float]:
-    config = BenchConfig(
-        model_path=str(folder),
-        device="cpu",
-        regime="prefill",
-        seq=8,
-        arms=("eager",),
-        warmup=0,
-        iters=3000,  # far longer than the test waits: the run only ends by the failure
-        dtype="float32",
-        measure_bandwidth=False,
-        nproc=2,
-        rank_timeout=rank_timeout,
-    )
+    # iters: far longer than the test waits, the run only ends by the failure
+    config = prefill_config(folder, iters=3000, rank_timeout=rank_timeout)
     outcome: dict[str, BaseException] = {}
 
     def target() -> None:

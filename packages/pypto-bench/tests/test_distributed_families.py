@@ -15,26 +15,13 @@ from pypto_bench import BenchConfig
 from pypto_bench.distributed import run_distributed, visible_devices
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_fixtures import reference_logits
+from _dist_fixtures import prefill_config, reference_logits
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
 
 def _run(folder: Path, state: Path, dtype: str = "float32", **kw):
-    options = {
-        "model_path": str(folder),
-        "device": "cpu",
-        "regime": "prefill",
-        "seq": 8,
-        "arms": ("eager",),
-        "warmup": 0,
-        "iters": 1,
-        "dtype": dtype,
-        "measure_bandwidth": False,
-        "nproc": 2,
-        **kw,
-    }
-    return run_distributed(BenchConfig(**options), state_dir=state)
+    return run_distributed(prefill_config(folder, dtype=dtype, **kw), state_dir=state)
 
 
 def _pinned(folder: Path, family: str) -> Path:

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pypto_bench import BenchConfig
 from pypto_bench.distributed import run_distributed, visible_devices
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_fixtures import make_tiny_qwen3_moe, reference_logits
+from _dist_fixtures import make_tiny_qwen3_moe, prefill_config, reference_logits
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
@@ -21,19 +20,7 @@ pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU 
 def moe_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist-moe")
     folder = make_tiny_qwen3_moe(root / "qwen3moe")
-    config = BenchConfig(
-        model_path=str(folder),
-        device="cpu",
-        regime="prefill",
-        seq=8,
-        arms=("eager",),
-        warmup=0,
-        iters=1,
-        dtype="float32",
-        measure_bandwidth=False,
-        nproc=2,
-    )
-    return run_distributed(config, state_dir=root / "state"), root, folder
+    return run_distributed(prefill_config(folder), state_dir=root / "state"), root, folder
 
 
 def test_moe_prefill_logits_equal_single_process(moe_run):

@@ -256,6 +256,14 @@ class BenchConfig:
             **({"placement": self.placement} if self.placement != "tensor" else {}),
         }
 
+    def load_options(self) -> dict[str, Any]:
+        """``loading.load_model``'s options of this run (every arm and rank loads alike)."""
+        return {
+            "dtype": self.dtype,
+            "trust_remote_code": self.trust_remote_code,
+            "attn_implementation": self.attn_implementation,
+        }
+
     @property
     def effective_diffusion_steps(self) -> int | None:
         if self.regime != "diffusion-generate":
@@ -1263,13 +1271,7 @@ def _load_context(
     torch.manual_seed(config.seed)
     reset_peak_memory(device)
     load_rss = RssPeak()  # CPU: the allocator keeps no peaks, the resident set does
-    loaded = load_model(
-        config.model_path,
-        device=device,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
-        attn_implementation=config.attn_implementation,
-    )
+    loaded = load_model(config.model_path, device=device, **config.load_options())
     load_mem = memory_stats(device)
     model, tokenizer = loaded.model, loaded.tokenizer
     if config.regime == "diffusion-generate":

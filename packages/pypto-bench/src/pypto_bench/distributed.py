@@ -767,16 +767,7 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
                 }  # fmt: skip
             else:
                 comm = _communication(keep["once"], ctx.device)
-        seconds = list(arm.seconds.get("samples") or [])
-        figures: dict[str, Any] = {
-            "step_s": _spread(seconds),
-            "samples_s": seconds,
-            "ttft_s": list((arm.ttft_s or {}).get("samples") or []),
-            "tokens_per_iter": list(arm.tokens_per_iter),
-            "memory": arm.memory,
-            "communication": comm,
-        }
-        return _Measured(arm, tokens, tokens.detach().cpu(), figures)
+        return _Measured(arm, tokens, tokens.detach().cpu(), _rank_figures(arm, comm))
     if ctx.config.regime == "prefill":
         tokens = _run_eager_prefill(ctx, arm, mem)
         step: Callable[[], Any] = _prefill_fn(ctx)
@@ -791,8 +782,13 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
         out = _prefill_fn(ctx)() if ctx.config.regime == "prefill" else tokens
     out = out.full_tensor() if hasattr(out, "full_tensor") else out
     comm = _communication(step, ctx.device) if with_comm else None
+    return _Measured(arm, tokens, out.detach().float().cpu(), _rank_figures(arm, comm))
+
+
+def _rank_figures(arm: Any, comm: dict[str, Any] | None) -> dict[str, Any]:
+    """What a rank reports for one arm: its timed samples, memory and communication."""
     seconds = list(arm.seconds.get("samples") or [])
-    figures = {
+    return {
         "step_s": _spread(seconds),
         "samples_s": seconds,
         "ttft_s": list((arm.ttft_s or {}).get("samples") or []),
@@ -800,7 +796,6 @@ def _protocol(ctx: Any, name: str, *, with_comm: bool) -> _Measured:
         "memory": arm.memory,
         "communication": comm,
     }
-    return _Measured(arm, tokens, out.detach().float().cpu(), figures)
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -816,13 +811,7 @@ def _baseline(config: BenchConfig, device: Any, beat: _Heartbeat) -> dict[str, _
     from .loading import load_model
 
     torch.manual_seed(config.seed)
-    loaded = load_model(
-        config.model_path,
-        device=device,
-        dtype=config.dtype,
-        trust_remote_code=config.trust_remote_code,
-        attn_implementation=config.attn_implementation,
-    )
+    loaded = load_model(config.model_path, device=device, **config.load_options())
 
     def tick(arm: str, done: int, total: int) -> None:
         beat.advance(f"1-rank baseline: iteration {done}/{total}")
@@ -963,13 +952,7 @@ def _load_own_plan(
     model = tokenizer = None
     for turn in range(world):
         if turn == rank:
-            loaded = load_model(
-                config.model_path,
-                device="cpu",
-                dtype=config.dtype,
-                trust_remote_code=config.trust_remote_code,
-                attn_implementation=config.attn_implementation,
-            )
+            loaded = load_model(config.model_path, device="cpu", **config.load_options())
             model, tokenizer = loaded.model, loaded.tokenizer
             plan = plan_of(model.config) or plan_of(model.config.get_text_config())
             if not plan:
