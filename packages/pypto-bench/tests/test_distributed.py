@@ -265,14 +265,19 @@ def _hostile_copy(tiny_llama, tmp_path):
     return folder, ran
 
 
-def test_shipped_code_is_refused_before_launch_and_never_runs(tiny_llama, tmp_path, capsys):
+@pytest.mark.parametrize("placement", ["tensor", "pipeline"])
+def test_shipped_code_is_refused_before_launch_and_never_runs(
+    tiny_llama, tmp_path, capsys, placement
+):
+    """Both placements read the folder's config: neither runs the code it ships."""
     from pypto_testing.folders import folder_bytes
 
     folder, ran = _hostile_copy(tiny_llama, tmp_path)
     before = folder_bytes(folder)
     report = tmp_path / "r.json"
     argv = ["run", "--model-path", str(folder), "--device", "cpu", "--regime", "prefill",
-            "--nproc", "2", "--arms", "eager", "--report-file", str(report)]  # fmt: skip
+            "--nproc", "2", "--arms", "eager", "--report-file", str(report),
+            "--placement", placement]  # fmt: skip
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT.LOAD_FAILED
@@ -297,4 +302,9 @@ def test_hostile_config_json_is_one_line_before_launch(tiny_llama, tmp_path, tex
     (folder / "config.json").write_bytes(raw)
     with pytest.raises(ModelNotFoundError) as info:
         check_tp_plan(_config(folder))
+    assert "\n" not in str(info.value)
+    from pypto_bench.pipeline import run_pipeline
+
+    with pytest.raises(ModelNotFoundError) as info:  # the pipeline placement reads it too
+        run_pipeline(_config(folder, placement="pipeline", batch=1))
     assert "\n" not in str(info.value)
