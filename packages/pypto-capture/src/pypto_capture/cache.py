@@ -30,10 +30,27 @@ last producing layer of their type, which the model passes along itself, and the
 their layer type is the producer's. Sliding windows come from the prefill cache's layers
 and, where a layer there reports none (transformers 5.8 builds Gemma 4's prefill cache from
 plain full layers), from ``config.layer_types`` / ``config.sliding_window``.
+
+Recurrent layers (Gated DeltaNet / KDA linear attention, Mamba / Mamba2 SSMs, LFM2's short
+convolutions: transformers 5.x ``LinearAttentionLayer``) keep no sequence axis at all: a
+conv state ``[B, channels, kernel]`` and a recurrent state of fixed shape (``[B, heads,
+k_dim, v_dim]`` for the delta rule, ``[B, heads, head_dim, d_state]`` for Mamba2), which
+transformers' own layer already updates in place (``copy_``) once ``has_previous_state``
+is set. Such a layer here is *that* class (the installed version's, so its update rules and
+state layout are transformers' own) adopting clones of the prefill's states at fixed
+addresses, with ``has_previous_state`` set and past recording off: the decode branch the
+model takes is then fixed, and nothing in it is host work. Layers that run attention and a
+recurrent mixer in parallel (layer types ``hybrid`` / ``hybrid_sliding``, e.g. Falcon-H1,
+Zamba2) hold both a ring and the states. Layers with no mixer state (Nemotron-H's MoE and
+MLP blocks) hold nothing. Masks are handed out under every name a model reads: its layer
+types, ``full_attention`` / ``sliding_attention`` for hybrid layers, and ``None`` for
+recurrent layers (a generated token is never padding, which is what transformers' own
+``create_recurrent_attention_mask`` returns for a one-token step).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, cast
 
@@ -43,7 +60,12 @@ from .errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["capture_safe_cache_class", "make_capture_safe_cache"]
+__all__ = ["LAYER_KINDS", "capture_safe_cache_class", "layer_kinds_of", "make_capture_safe_cache"]
+
+#: What a capture-safe cache layer holds: ``attention`` a K/V ring, ``state`` conv and
+#: recurrent states, ``hybrid`` both, ``shared`` nothing (reads another layer's ring: KV
+#: sharing), ``none`` nothing (a block without sequence state, e.g. an MLP-only layer).
+LAYER_KINDS = ("attention", "state", "hybrid", "shared", "none")
 
 _CLASSES: dict[str, type] = {}
 
@@ -145,6 +167,101 @@ def capture_safe_cache_class() -> type:
             # Buffers are left as they are: every slot is rewritten before the mask exposes it.
             pass
 
+    linear_base = _linear_layer_base()
+
+    class CaptureSafeNoStateLayer:
+        """A layer that keeps nothing across steps (an MLP / MoE-only block)."""
+
+        holds_cache = False
+        holds_state = False
+        is_compileable = True
+        is_sliding = False
+        keys = None
+        values = None
+
+        def nbytes(self) -> int:
+            return 0
+
+        def state_tensors(self) -> list[torch.Tensor]:
+            return []
+
+        def reset(self) -> None:
+            pass
+
+        def get_max_length(self) -> int:
+            return -1
+
+    if linear_base is not None:
+
+        class CaptureSafeStateLayer(linear_base):  # type: ignore[misc, valid-type]
+            """transformers' own ``LinearAttentionLayer`` holding fixed-address clones of the
+            prefill's conv / recurrent states, decode branch fixed (see the module docstring)."""
+
+            holds_cache = False
+            holds_state = True
+
+            def adopt_states(self, src: Any) -> None:
+                """Take the prefill layer's states (cloned, static addresses) and its flags."""
+                for name in _linear_attrs(linear_base):
+                    if hasattr(src, name):
+                        setattr(self, name, _clone_state(getattr(src, name)))
+                if hasattr(self, "record_past"):
+                    self.record_past = False
+                flags = getattr(self, "has_previous_state", None)
+                if isinstance(flags, dict):
+                    for k in flags:
+                        flags[k] = True
+                else:
+                    self.has_previous_state = True
+                _mark_static(*self.state_tensors())
+
+            def state_tensors(self) -> list[torch.Tensor]:
+                out: list[torch.Tensor] = []
+                for name in ("conv_states", "recurrent_states"):
+                    value = getattr(self, name, None)
+                    values = value.values() if isinstance(value, dict) else [value]
+                    out += [v for v in values if isinstance(v, torch.Tensor)]
+                return out
+
+            def state_shapes(self) -> dict[str, list[list[int]]]:
+                shapes: dict[str, list[list[int]]] = {}
+                for name in ("conv_states", "recurrent_states"):
+                    value = getattr(self, name, None)
+                    values = value.values() if isinstance(value, dict) else [value]
+                    got = [list(v.shape) for v in values if isinstance(v, torch.Tensor)]
+                    if got:
+                        shapes[name.removesuffix("s")] = got
+                return shapes
+
+            def state_nbytes(self) -> int:
+                return sum(t.numel() * t.element_size() for t in self.state_tensors())
+
+            def nbytes(self) -> int:
+                return self.state_nbytes()
+
+            def reset(self) -> None:
+                # Every state is overwritten by the next load_prefill; zeroing it (the mixin's
+                # reset) would also clear has_previous_state and change the decode branch.
+                pass
+
+        class CaptureSafeHybridLayer(CaptureSafeLayer, CaptureSafeStateLayer):  # type: ignore[misc]
+            """Attention ring and recurrent states in one layer (``hybrid`` layer types)."""
+
+            holds_state = True
+
+            def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
+                CaptureSafeLayer.__init__(self, cache_len, window, write_pos)
+                fresh = linear_base()
+                for name in _linear_attrs(linear_base):
+                    if name not in ("device", "dtype"):
+                        setattr(self, name, getattr(fresh, name))
+
+            def nbytes(self) -> int:
+                return CaptureSafeLayer.nbytes(self) + self.state_nbytes()
+
+            def reset(self) -> None:
+                pass
+
     class CaptureSafeCache(Cache):
         """Fixed ring buffers + one device-side position; see the module docstring."""
 
@@ -157,6 +274,7 @@ def capture_safe_cache_class() -> type:
             layer_types: list[str],
             device: torch.device,
             shared: list[bool] | None = None,
+            kinds: list[str] | None = None,
         ):
             self.write_pos = torch.zeros(1, dtype=torch.long, device=device)
             shared = list(shared) if shared is not None else [False] * len(windows)
@@ -164,15 +282,33 @@ def capture_safe_cache_class() -> type:
                 raise UnsupportedModelError(
                     f"{len(shared)} KV-sharing flags for {len(windows)} layers; pass one per layer"
                 )
-            layers = [
-                CaptureSafeLayer(
-                    min(w, max_cache_len) if w else max_cache_len,
-                    w,
-                    self.write_pos,
-                    holds_cache=not s,
+            if kinds is None:
+                kinds = ["shared" if s else "attention" for s in shared]
+            if len(kinds) != len(windows) or any(k not in LAYER_KINDS for k in kinds):
+                raise UnsupportedModelError(
+                    f"layer kinds {kinds!r} do not give one of {LAYER_KINDS} per layer "
+                    f"({len(windows)} layers)"
                 )
-                for w, s in zip(windows, shared, strict=True)
-            ]
+            if linear_base is None and any(k in ("state", "hybrid") for k in kinds):
+                raise UnsupportedModelError(
+                    "this model has recurrent (linear-attention / SSM / conv) layers but the "
+                    "installed transformers has no LinearAttentionLayer cache; install "
+                    "transformers>=5.8"
+                )
+            self.kinds = list(kinds)
+            layers: list[Any] = []
+            for w, kind in zip(windows, kinds, strict=True):
+                length = min(w, max_cache_len) if w else max_cache_len
+                if kind == "attention":
+                    layers.append(CaptureSafeLayer(length, w, self.write_pos))
+                elif kind == "shared":
+                    layers.append(CaptureSafeLayer(length, w, self.write_pos, holds_cache=False))
+                elif kind == "state":
+                    layers.append(CaptureSafeStateLayer())
+                elif kind == "hybrid":
+                    layers.append(CaptureSafeHybridLayer(length, w, self.write_pos))
+                else:
+                    layers.append(CaptureSafeNoStateLayer())
             # Cache types ``layers`` as a list of its own layer union (list is invariant).
             super().__init__(layers=cast("list[Any]", layers))
             self.batch_size_ = batch_size
@@ -193,12 +329,18 @@ def capture_safe_cache_class() -> type:
                         f"layers of type {t!r} have different cache lengths; one mask per layer type "
                         "cannot serve them (report this model to pypto-capture)"
                     )
-            for t, layer in zip(self.layer_types, layers, strict=True):
-                if not layer.holds_cache and t not in lengths:
+            for t, kind in zip(self.layer_types, self.kinds, strict=True):
+                if kind == "shared" and t not in lengths:
                     raise UnsupportedModelError(
                         f"a layer of type {t!r} shares keys/values but no layer of that type holds "
                         "a cache to share; this model's KV sharing is not supported"
                     )
+            # Recurrent layer types read no mask at decode (None, as transformers' own
+            # create_recurrent_attention_mask returns for a one-token step).
+            self.state_types = sorted(
+                {t for t, k in zip(self.layer_types, self.kinds, strict=True) if k == "state"}
+                - set(lengths)
+            )
             self.type_lengths = lengths
             for n in set(lengths.values()):
                 self._aranges[n] = torch.arange(n, device=device)
@@ -223,8 +365,20 @@ def capture_safe_cache_class() -> type:
                     f"({type(prefilled).__name__}); this model's cache layout is not supported"
                 )
             rings = cast("list[CaptureSafeLayer]", self.layers)  # built in __init__
-            for i, dst in enumerate(rings):
+            for i, (dst, kind) in enumerate(zip(rings, self.kinds, strict=True)):
                 src = src_layers[i] if i < len(src_layers) else None
+                if kind in ("state", "hybrid"):
+                    if not _has_states(src):
+                        raise UnsupportedModelError(
+                            f"layer {i} is recurrent but the prefill cache holds no conv or "
+                            f"recurrent state there ({type(src).__name__}); this model's cache "
+                            "layout is not supported"
+                        )
+                    cast(Any, dst).adopt_states(src)
+                    if kind == "state":
+                        continue
+                elif kind == "none":
+                    continue
                 k = getattr(src, "keys", None)
                 v = getattr(src, "values", None)
                 if not dst.holds_cache:
@@ -285,28 +439,80 @@ def capture_safe_cache_class() -> type:
             rings = cast("list[CaptureSafeLayer]", self.layers)
             layers = []
             for i, (t, layer) in enumerate(zip(self.layer_types, rings, strict=True)):
-                entry: dict[str, Any] = {"index": i, "type": t, "shared": not layer.holds_cache}
+                kind = self.kinds[i]
+                entry: dict[str, Any] = {
+                    "index": i,
+                    "type": t,
+                    "kind": kind,
+                    "shared": kind == "shared",
+                }
+                if kind in ("state", "hybrid"):
+                    state = cast(Any, layer)
+                    entry["states"] = state.state_shapes()
+                    entry["state_bytes"] = state.state_nbytes()
+                    entry["bytes"] = state.state_nbytes()
+                if kind in ("none", "state"):
+                    entry.setdefault("bytes", 0)
                 if layer.holds_cache:
                     entry["slots"] = layer.max_cache_len
                     if layer.is_initialized and layer.keys is not None:
                         entry["kv_heads"] = int(layer.keys.shape[1])
                         entry["head_dim"] = int(layer.keys.shape[-1])
                         entry["value_head_dim"] = int(layer.values.shape[-1])
+                    entry["kv_bytes"] = CaptureSafeLayer.nbytes(layer)
                     entry["bytes"] = layer.nbytes()
                 layers.append(entry)
+            state_bytes = self.state_nbytes()
             return {
                 "pattern": layer_pattern(self.layer_types),
                 "max_cache_len": self.capacity,
                 "batch_size": self.batch_size_,
                 "slots_per_type": dict(self.type_lengths),
+                "kinds": {k: self.kinds.count(k) for k in LAYER_KINDS if k in self.kinds},
                 "layers": layers,
+                "kv_bytes": self.nbytes() - state_bytes,
+                "state_bytes": state_bytes,
                 "total_bytes": self.nbytes(),
             }
 
         def nbytes(self) -> int:
-            """Bytes held by every layer's key and value buffers (the KV cache's memory)."""
-            rings = cast("list[CaptureSafeLayer]", self.layers)
-            return sum(layer.nbytes() for layer in rings)
+            """Bytes held by every layer: key/value rings plus conv and recurrent states."""
+            return sum(layer.nbytes() for layer in cast("list[Any]", self.layers))
+
+        def state_nbytes(self) -> int:
+            """Bytes of the conv and recurrent states alone (read and written every step)."""
+            return sum(
+                cast(Any, layer).state_nbytes()
+                for layer, kind in zip(self.layers, self.kinds, strict=True)
+                if kind in ("state", "hybrid")
+            )
+
+        def state_tensors(self) -> list[torch.Tensor]:
+            """Every tensor a decode step writes: the position, rings and recurrent states
+            (what a capture snapshots and restores around its warm-up runs)."""
+            tensors = [self.write_pos]
+            for layer, kind in zip(self.layers, self.kinds, strict=True):
+                keys = getattr(layer, "keys", None)
+                if kind in ("attention", "hybrid") and keys is not None:
+                    tensors += [keys, cast(Any, layer).values]
+                if kind in ("state", "hybrid"):
+                    tensors += cast(Any, layer).state_tensors()
+            return tensors
+
+        # -- what the model reads from a cache, answered without host state ---------
+        def get_seq_length(self, layer_idx: int = 0) -> Any:
+            """Tokens written so far as a 0-d device tensor, whatever the layer kind (a
+            recurrent-only model asks too, and transformers' Cache would raise there)."""
+            return self.write_pos[0]
+
+        def get_mask_sizes(self, query_length: int, layer_idx: int = 0, *args: Any) -> Any:
+            layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+            if getattr(layer, "holds_cache", False):
+                return cast(Any, layer).get_mask_sizes(query_length)
+            for other in self.layers:
+                if getattr(other, "holds_cache", False):
+                    return cast(Any, other).get_mask_sizes(query_length)
+            return query_length, 0
 
         def reset(self) -> None:
             self.write_pos.zero_()
@@ -345,7 +551,32 @@ def capture_safe_cache_class() -> type:
                     neg = torch.full((), lo, dtype=dtype, device=valid.device)
                     by_len[n] = torch.where(valid, zero, neg)[:, None, None, :]
                 out[t] = by_len[n]
-            return out
+            return self._mask_aliases(out)
+
+        def _mask_aliases(self, masks: dict[str, Any]) -> dict[str, Any]:
+            """Add the names a model reads that are not its layer types: hybrid layers'
+            attention reads ``full_attention`` / ``sliding_attention`` (Falcon-H1), and a
+            recurrent layer type (or ``linear_attention``, the Mamba mask) reads None."""
+            for alias, source in (
+                ("full_attention", "hybrid"),
+                ("sliding_attention", "hybrid_sliding"),
+            ):
+                if alias not in masks and source in masks:
+                    masks[alias] = masks[source]
+            for t in self.state_types:
+                masks.setdefault(t, None)
+            if any(k in ("state", "hybrid") for k in self.kinds):
+                masks.setdefault("linear_attention", None)
+            return masks
+
+        def decode_mask(self, dtype: torch.dtype) -> Any:
+            """The one mask for a model whose forward takes a single mask: the attention
+            layers' (they share one length, checked by the runner), or None when no layer
+            attends (a pure SSM reads no mask at decode)."""
+            for mask in self.decode_masks(dtype).values():
+                if mask is not None:
+                    return mask
+            return None
 
     _CLASSES["cache"] = CaptureSafeCache
     _CLASSES["layer"] = CaptureSafeLayer
@@ -362,6 +593,74 @@ def _mark_static(*tensors: torch.Tensor) -> None:
             mark(t)
         except Exception:  # pragma: no cover - older torch may refuse some tensors
             log.debug("mark_static_address refused a tensor", exc_info=True)
+
+
+def _linear_layer_base() -> type | None:
+    """transformers' ``LinearAttentionLayer`` (5.x), or None where it does not exist."""
+    try:
+        from transformers.cache_utils import LinearAttentionLayer
+    except ImportError:  # pragma: no cover - every supported version has it
+        return None
+    return cast(type, LinearAttentionLayer)
+
+
+@functools.lru_cache(maxsize=4)
+def _linear_attrs(base: type) -> tuple[str, ...]:
+    """The per-instance attributes of the installed ``LinearAttentionLayer`` (5.8 keeps one
+    tensor per state, 5.2x a dict of ``number_of_states``): read from a fresh instance, so
+    the copy follows whatever the installed version keeps."""
+    return tuple(vars(base()))
+
+
+def _clone_state(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone_state(v) for k, v in value.items()}
+    return value
+
+
+def _has_states(layer: Any) -> bool:
+    for name in ("conv_states", "recurrent_states"):
+        value = getattr(layer, name, None)
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(isinstance(v, torch.Tensor) for v in values):
+            return True
+    return False
+
+
+def _is_linear_layer(layer: Any) -> bool:
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
+
+
+def layer_kinds_of(prefilled: Any, consumers: list[bool]) -> list[str]:
+    """What each layer of an eager prefill cache holds, as one of ``LAYER_KINDS``.
+
+    A linear-attention layer that is also an attention layer is ``hybrid``; a layer without
+    keys (transformers' ``DummyLayer``, or absent) is a KV-sharing consumer when the config
+    says so and a stateless block (``none``) otherwise.
+    """
+    from transformers.cache_utils import CacheLayerMixin
+
+    src_layers = list(getattr(prefilled, "layers", None) or [])
+    kinds = []
+    for i, consumer in enumerate(consumers):
+        src = src_layers[i] if i < len(src_layers) else None
+        if _is_linear_layer(src):
+            kinds.append("hybrid" if isinstance(src, CacheLayerMixin) else "state")
+        elif src is not None and getattr(src, "keys", None) is not None:
+            kinds.append("attention")
+        elif consumer:
+            kinds.append("shared")
+        elif src is None and i >= len(src_layers) and not any(consumers):
+            kinds.append("shared")  # 5.8 leaves KV consumers out of the prefill cache
+        else:
+            kinds.append("none")
+    return kinds
 
 
 def _layer_types_of(config: Any, n_layers: int) -> list[str]:
@@ -411,17 +710,17 @@ def make_capture_safe_cache(
         int(win) if ("sliding" in t and isinstance(win, int) and win > 0) else None
         for t in layer_types
     ]
-    shared = _config_kv_consumers(text_config, n_layers)
+    consumers = _config_kv_consumers(text_config, n_layers)
     src_layers = getattr(prefilled, "layers", None) if prefilled is not None else None
     if src_layers is not None and 0 < len(src_layers) <= n_layers:
         windows = []
         for i in range(n_layers):
             src = src_layers[i] if i < len(src_layers) else None
             windows.append(_layer_window(src) or config_windows[i])
-            if src is None or getattr(src, "keys", None) is None:
-                shared[i] = True
+        kinds = layer_kinds_of(prefilled, consumers)
     else:
         windows = config_windows
+        kinds = ["shared" if c else "attention" for c in consumers]
     cls = capture_safe_cache_class()
     return cls(
         batch_size=batch_size,
@@ -429,5 +728,5 @@ def make_capture_safe_cache(
         windows=windows,
         layer_types=layer_types,
         device=device,
-        shared=shared,
+        kinds=kinds,
     )

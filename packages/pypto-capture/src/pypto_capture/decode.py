@@ -192,11 +192,9 @@ class DecodeStepRunner:
     # -- the captured step -------------------------------------------------------
     def _step(self) -> torch.Tensor:
         cache = self.cache
-        masks = cache.decode_masks(self.dtype)
-        if self._mask_mapping:
-            mask: Any = masks
-        else:
-            mask = next(iter(masks.values()))
+        mask: Any = (
+            cache.decode_masks(self.dtype) if self._mask_mapping else cache.decode_mask(self.dtype)
+        )
         out = self.model(
             input_ids=self.tok,
             attention_mask=mask,
@@ -244,11 +242,8 @@ class DecodeStepRunner:
             self.reset()
 
     def _state_tensors(self) -> list[torch.Tensor]:
-        tensors = [self.tok, self.cache.write_pos]
-        for layer in self.cache.layers:
-            if layer.keys is not None:  # KV-sharing consumers hold no buffers
-                tensors += [layer.keys, layer.values]
-        return tensors
+        # The token buffer, the position, every ring and every recurrent state.
+        return [self.tok, *self.cache.state_tensors()]
 
     def _snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in self._state_tensors()]
