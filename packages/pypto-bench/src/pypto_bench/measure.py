@@ -228,6 +228,46 @@ def weight_bytes_read_per_step(model: Any) -> int:
     return total
 
 
+def cache_bytes_probe(model: Any, batch: int, device: Any) -> dict[str, int] | None:
+    """What one decoded token adds to the K/V cache and what the recurrent state holds,
+    read off transformers' own cache after a one-token forward of ``batch`` rows.
+
+    Why a probe rather than a config formula: hybrid decoders (Gated DeltaNet, Mamba2,
+    short-conv, parallel attention + SSM) name their shapes differently in every config,
+    and only some layers hold keys; the cache transformers builds for the model knows.
+    None when the model keeps no recurrent state (the config formula then stands).
+    ``state_bytes`` is read and written once per step, whatever the context length.
+    """
+    import torch
+
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:  # pragma: no cover - every supported transformers has it
+        return None
+    ids = torch.zeros((batch, 1), dtype=torch.long, device=device)
+    with torch.inference_mode():
+        out = model(input_ids=ids, use_cache=True)
+    cache = getattr(out, "past_key_values", None) or getattr(out, "cache", None)
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return None
+    kv = state = 0
+    for layer in layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for name in ("conv_states", "recurrent_states"):
+                value = getattr(layer, name, None)
+                for t in value.values() if isinstance(value, dict) else [value]:
+                    if isinstance(t, torch.Tensor):
+                        state += t.numel() * t.element_size()
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                kv += t.numel() * t.element_size() // max(t.shape[-2], 1)
+    if not state:
+        return None
+    return {"kv_bytes_per_token": kv // batch, "state_bytes": state}
+
+
 def attention_flops_per_token(model: Any, context_tokens: float) -> float:
     """FLOPs one decoded token spends attending over ``context_tokens`` positions:
     QK^T and AV, 2 x 2 x heads x head_dim per position, in every layer."""
@@ -248,6 +288,7 @@ def roofline(
     measured_tok_s: float | None,
     flops_per_token: float | None = None,
     flops_per_s: float | None = None,
+    state_bytes: int = 0,
 ) -> dict[str, Any]:
     """Decode ceilings and which binds.
 
@@ -256,12 +297,14 @@ def roofline(
     are given): flops_per_s / flops_per_token, i.e. a step of ``batch`` tokens costs
     batch x flops_per_token. ``ceiling_tok_s`` is the lower one (``binding`` names it) and
     ``fraction_of_ceiling`` is measured against it: large batches are judged against
-    compute, batch 1 against bandwidth.
+    compute, batch 1 against bandwidth. ``state_bytes`` (recurrent layers' conv and SSM /
+    delta-rule states of the whole batch) is read and written by every step: it counts twice.
     """
-    bytes_per_step = weight_bytes + batch * context_tokens * kv_per_token
+    bytes_per_step = weight_bytes + batch * context_tokens * kv_per_token + 2 * state_bytes
     bw_ceiling = batch * bandwidth / bytes_per_step
     out: dict[str, Any] = {
         "bytes_per_step": int(bytes_per_step),
+        "state_bytes_per_step": int(2 * state_bytes),
         "context_tokens": context_tokens,
         "bandwidth_ceiling_tok_s": bw_ceiling,
         "flops_per_step": None,

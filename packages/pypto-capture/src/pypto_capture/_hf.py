@@ -40,6 +40,16 @@ def output_cache(output: Any) -> Any:
     return None
 
 
+def model_specific_cache(cache: Any) -> str | None:
+    """The class name of a cache defined by one model's own modeling file (e.g.
+    ``MiniMaxCache``, ``xLSTMCache``), or None for transformers' shared cache classes.
+
+    Such models check the cache's type in their forward and refuse any other object, so a
+    capture-safe cache cannot stand in for it."""
+    module = type(cache).__module__ or ""
+    return type(cache).__name__ if module.startswith("transformers.models.") else None
+
+
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack (``model.model`` for *ForCausalLM), whatever it is called."""
     get = getattr(model, "get_decoder", None)

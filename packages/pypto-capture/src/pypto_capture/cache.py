@@ -201,10 +201,12 @@ def capture_safe_cache_class() -> type:
             holds_state = True
 
             def adopt_states(self, src: Any) -> None:
-                """Take the prefill layer's states (cloned, static addresses) and its flags."""
+                """Take the prefill layer's states and flags. The first prompt allocates the
+                buffers (clones, static addresses); later prompts copy into them in place, so
+                a captured step, which holds these addresses, reads the new prompt's state."""
                 for name in _linear_attrs(linear_base):
                     if hasattr(src, name):
-                        setattr(self, name, _clone_state(getattr(src, name)))
+                        setattr(self, name, _adopt(getattr(self, name, None), getattr(src, name)))
                 if hasattr(self, "record_past"):
                     self.record_past = False
                 flags = getattr(self, "has_previous_state", None)
@@ -612,12 +614,24 @@ def _linear_attrs(base: type) -> tuple[str, ...]:
     return tuple(vars(base()))
 
 
-def _clone_state(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone_state(v) for k, v in value.items()}
-    return value
+def _adopt(mine: Any, theirs: Any) -> Any:
+    """``theirs`` (a prefill layer's attribute) as this layer's value: tensors are copied
+    into ``mine`` in place where shapes and dtypes agree (the address a graph holds stays),
+    cloned otherwise; dicts of states key by key; flags and sizes as they are."""
+    if isinstance(theirs, torch.Tensor):
+        if (
+            isinstance(mine, torch.Tensor)
+            and mine.shape == theirs.shape
+            and mine.dtype == theirs.dtype
+            and mine.device == theirs.device
+        ):
+            mine.copy_(theirs)
+            return mine
+        return theirs.detach().clone()
+    if isinstance(theirs, dict):
+        old = mine if isinstance(mine, dict) else {}
+        return {k: _adopt(old.get(k), v) for k, v in theirs.items()}
+    return theirs
 
 
 def _has_states(layer: Any) -> bool:

@@ -172,8 +172,16 @@ class DecodeStepRunner:
         prefilled = _hf.output_cache(out)
         if prefilled is None:
             raise UnsupportedModelError(
-                f"{type(self.model).__name__} returned no KV cache from a use_cache=True forward; "
-                "it cannot be decoded step by step"
+                f"{type(self.model).__name__} returned no cache object from a use_cache=True "
+                "forward (it keeps its decode state inside the model, e.g. RecurrentGemma); "
+                "pypto-capture cannot hold that state for a captured step: bench its eager arm"
+            )
+        own = _hf.model_specific_cache(prefilled)
+        if own is not None:
+            raise UnsupportedModelError(
+                f"{type(self.model).__name__} keeps a cache class of its own ({own}) that its "
+                "forward insists on; pypto-capture cannot give it a capture-safe cache: bench "
+                "its eager arm"
             )
         if self.cache is None:
             self.cache = make_capture_safe_cache(
