@@ -170,3 +170,38 @@ def test_fused_backend_on_npu_is_torchair_reduce_overhead():
     res = capture_and_replay(step, warmup=2, replays=3, backend=be)
     assert len(res.times_s) == 3
     assert float(state.sum().cpu()) > 0
+
+
+@pytest.mark.parametrize("backend", ["compile", "fused"])
+def test_a_model_exception_in_the_compiled_step_is_carried_not_called_a_host_sync(backend):
+    """dynamo wraps what the traced code raises in Unsupported("Observed exception"): the
+    error keeps the real KeyError and does not blame a host sync."""
+    x = torch.ones(4)
+    masks = {"hybrid": torch.zeros(4)}  # a mask mapping without the key the "model" reads
+
+    def step():
+        return x + masks["full_attention"]
+
+    with pytest.raises(CaptureFailedError) as exc:
+        capture_and_replay(step, warmup=1, replays=1, backend=backend, device="cpu")
+    err = exc.value
+    assert (err.cause_type, err.cause_message) == ("KeyError", "'full_attention'")
+    expl = err.explanation
+    assert expl.code == "model_error", expl
+    assert "the model's own code raised KeyError: 'full_attention' while being traced" in expl.cause
+    assert "host sync" not in str(err)
+    assert "KeyError: 'full_attention'" in str(err)
+    assert expl.to_dict()["cause_message"] == "'full_attention'"
+
+
+def test_a_graph_break_error_names_the_exception_under_it():
+    x = torch.ones(3)
+
+    def step():
+        return x * 2 if x.sum().item() > 2 else x
+
+    with pytest.raises(CaptureFailedError) as exc:
+        capture_and_replay(step, warmup=1, replays=1, backend="compile", device="cpu")
+    assert exc.value.explanation.code == "graph_break"
+    assert exc.value.cause_type == "GuardOnDataDependentSymNode"
+    assert "[underlying error: GuardOnDataDependentSymNode: " in str(exc.value)

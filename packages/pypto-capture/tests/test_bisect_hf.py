@@ -12,7 +12,7 @@ models = pytest.importorskip("pypto_testing.models")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from pypto_capture import STAGES, bisect_capture  # noqa: E402
+from pypto_capture import STAGES, UnsupportedModelError, bisect_capture  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +123,102 @@ def test_bisect_finds_the_moe_block_behind_dense_layers():
     result = bisect_capture(model, backend="eager", device="cpu")
     moe = next(s for s in result.stages if s["stage"] == "moe")
     assert moe["ok"] is True  # found in layer 1 (layer 0 is dense), not "not present"
+
+
+# --- any decoder: blocks found by structure, not by attribute names ---------------------
+
+architectures = pytest.importorskip("pypto_testing.architectures")
+
+# model type -> the stages bisect must find: (module path, class). None: not in the model.
+EXPECTED_BLOCKS = {
+    "falcon_h1": {  # attention and Mamba2 in parallel in every layer; final_layernorm
+        "embed_norm": ("final_layernorm", "FalconH1RMSNorm"),
+        "attention": ("layers.0.self_attn", "FalconH1Attention"),
+        "mixer": ("layers.0.mamba", "FalconH1Mixer"),
+        "layer": ("layers.0", "FalconH1DecoderLayer"),
+        "moe": None,
+    },
+    "mamba2": {  # no attention at all; norm_f; the mixer is called `mixer`
+        "embed_norm": ("norm_f", "Mamba2RMSNorm"),
+        "attention": None,
+        "mixer": ("layers.0.mixer", "Mamba2Mixer"),
+        "layer": ("layers.0", "Mamba2Block"),
+        "moe": None,
+    },
+    "qwen3_next": {  # Gated DeltaNet first, full attention in layer 1, MoE
+        "embed_norm": ("norm", "Qwen3NextRMSNorm"),
+        "attention": ("layers.1.self_attn", "Qwen3NextAttention"),
+        "mixer": ("layers.0.linear_attn", "Qwen3NextGatedDeltaNet"),
+        "layer": ("layers.0", "Qwen3NextDecoderLayer"),
+        "moe": ("layers.1.mlp", "Qwen3NextSparseMoeBlock"),
+    },
+}
+
+
+def _tiny(tmp_path, model_type):
+    why = architectures.available(model_type)
+    if why:
+        pytest.skip(why)
+    path = architectures.make_tiny_architecture(tmp_path / model_type, model_type)
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("model_type", sorted(EXPECTED_BLOCKS))
+def test_bisect_finds_every_block_of_a_recurrent_or_hybrid_decoder(tmp_path, model_type):
+    """Each stage is found and runs its decode-shaped call (eager: the structure and the
+    inputs are under test here; the compile test below captures)."""
+    model = _tiny(tmp_path, model_type)
+    result = bisect_capture(model, backend="eager", device="cpu")
+    by_stage = {s["stage"]: s for s in result.stages}
+    assert [s["stage"] for s in result.stages] == [
+        "embed_norm", "attention", "mixer", "layer", "moe"
+    ]  # fmt: skip
+    for stage, want in EXPECTED_BLOCKS[model_type].items():
+        entry = by_stage[stage]
+        if want is None:
+            assert (entry["ok"], entry["error"]) == (None, "not present in this model"), entry
+        else:
+            assert (entry["module"], entry["class"]) == want, entry
+            assert entry["ok"] is True, entry
+    assert result.failed_stage is None
+    json.dumps(result.to_dict())
+
+
+@pytest.mark.timeout(600)
+def test_bisect_names_a_broken_recurrent_mixer(tmp_path):
+    """Real torch.compile on Mamba2: the other stages capture, the mixer stage fails."""
+    model = _tiny(tmp_path, "mamba2")
+    mixer = model.backbone.layers[0].mixer
+    original = mixer.forward
+
+    def host_synced_mixer(hidden_states, *args, **kwargs):
+        if hidden_states.abs().sum().item() > 0:  # a host sync inside the recurrent mixer
+            return original(hidden_states, *args, **kwargs)
+        return original(hidden_states, *args, **kwargs)
+
+    mixer.forward = host_synced_mixer
+    try:
+        result = bisect_capture(model, backend="compile", device="cpu")
+    finally:
+        del mixer.forward
+    by_stage = {s["stage"]: s for s in result.stages}
+    assert by_stage["embed_norm"]["ok"] is True
+    assert result.failed_stage == "mixer"
+    assert by_stage["mixer"]["class"] == "Mamba2Mixer"
+    assert result.explanation.code == "graph_break"
+    assert by_stage["layer"]["ok"] is False  # the layer holds the broken mixer
+    json.dumps(result.to_dict())
+
+
+def test_bisect_without_a_layer_list_says_what_it_needs(tmp_path):
+    path = models.make_tiny_model(tmp_path / "llama", "llama")
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    model.model.layers = torch.nn.Sequential(*model.model.layers)  # no ModuleList any more
+    with pytest.raises(UnsupportedModelError) as exc:
+        bisect_capture(model, backend="eager", device="cpu")
+    message = str(exc.value)
+    assert message.startswith(
+        "bisect needs the decoder's layer list: no nn.ModuleList of repeated blocks under "
+        "LlamaModel; found children: embed_tokens (Embedding), layers (Sequential)"
+    )
+    assert "\n" not in message

@@ -201,3 +201,109 @@ def test_a_graph_break_merely_inside_an_moe_model_is_not_blamed_on_routing():
     expl = explain_capture_error(text)
     assert expl.code == "graph_break"
     assert "experts loop" not in expl.cause
+
+
+# --- the underlying exception: model errors are not graph breaks -----------------------
+
+# dynamo's text for a KeyError raised by the traced code (torch 2.13, trimmed): its
+# "graph break" wording is dynamo's, the cause is the model's own KeyError.
+OBSERVED_KEYERROR = """torch._dynamo.exc.Unsupported: Observed exception
+  Explanation: Dynamo found no exception handler at the top-level compiled function when encountering an exception. Exception will propagate outside the compiled region.
+  Hint: Your code may result in an error when running in eager.
+  Hint: Please report an issue to PyTorch if you encounter this graph break often.
+
+  Developer debug context: raised exception KeyError('full_attention')
+
+from user code:
+   File "modeling_falcon_h1.py", line 1094, in forward
+"""
+
+
+def test_recorded_observed_exception_is_a_model_error():
+    expl = explain_capture_error(OBSERVED_KEYERROR)
+    assert expl.code == "model_error", expl
+    assert expl.matched
+    assert (expl.cause_type, expl.cause_message) == ("KeyError", "'full_attention'")
+    assert expl.cause.startswith(
+        "the model's own code raised KeyError: 'full_attention' while being traced"
+    )
+    assert "host sync" not in str(expl)
+    assert "inputs the step hands the model" in expl.fix
+    assert "bisect" in expl.fix
+    assert expl.to_dict()["cause_type"] == "KeyError"
+    json.dumps(expl.to_dict())
+
+
+def _compile_error(fn):
+    torch = pytest.importorskip("torch")
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as exc:
+        torch.compile(fn, fullgraph=True)()
+    return exc.value
+
+
+def test_exceptions_the_traced_code_raises_keep_their_type_and_message():
+    import torch
+
+    x = torch.ones(2)
+
+    class Config:
+        pass
+
+    def missing_attribute():
+        return x * Config().sliding_window
+
+    def bad_value():
+        raise ValueError("cache of 3 layers, model has 4")
+
+    def failed_assert():
+        assert x.shape[0] == 3, "need three"
+        return x
+
+    def bad_shapes():
+        return x @ torch.ones(3, 3)
+
+    cases = [
+        (missing_attribute, "AttributeError", "has no attribute 'sliding_window'"),
+        (bad_value, "ValueError", "cache of 3 layers, model has 4"),
+        (failed_assert, "AssertionError", "need three"),  # the source line or the message
+        (bad_shapes, "RuntimeError", "a and b must have same reduction dim"),
+    ]
+    for fn, kind, words in cases:
+        expl = explain_capture_error(_compile_error(fn))
+        assert expl.code == "model_error", (fn.__name__, expl)
+        assert expl.cause_type == kind, (fn.__name__, expl)
+        assert words in expl.cause_message, (fn.__name__, expl)
+        assert words in expl.cause
+        assert "host sync" not in expl.cause
+        assert "test_explain.py" in expl.cause  # where dynamo saw it raised
+
+
+def test_a_real_graph_break_stays_one_and_names_what_is_under_it():
+    import torch
+
+    x = torch.ones(2)
+
+    def host_sync():
+        return x * 2 if x.sum().item() > 0 else x
+
+    expl = explain_capture_error(_compile_error(host_sync))
+    assert expl.code == "graph_break"
+    assert expl.cause_type == "GuardOnDataDependentSymNode"
+    assert "data-dependent" in expl.cause_message
+
+
+def test_an_eagerly_raised_model_exception_is_a_model_error():
+    masks = {"hybrid": 0}
+    try:
+        masks["full_attention"]  # what a warmup step of a device-graph capture runs into
+    except KeyError as err:
+        expl = explain_capture_error(err)
+    assert expl.code == "model_error"
+    assert expl.cause.startswith("the model's own code raised KeyError: 'full_attention' when")
+    # A runtime error is still the runtime's: its code wins.
+    expl = explain_capture_error(
+        RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    )
+    assert expl.code == "900"
+    assert expl.cause_type == "RuntimeError"

@@ -62,6 +62,9 @@ def _same_until_eos(got, ref):
 @pytest.mark.parametrize("model_type", ["qwen3_next", "mamba2", "falcon_h1", "lfm2", "nemotron_h"])
 def test_compiled_decode_equals_generate_for_two_prompts(folder, model_type):
     model = AutoModelForCausalLM.from_pretrained(folder(model_type)).eval()
+    own = arch.own_cache_class(model)
+    if own:
+        pytest.skip(f"this transformers keeps {own} for {model_type} (refused in one line)")
     runner = DecodeStepRunner(model, batch_size=2, max_cache_len=MAX_LEN, backend="compile")
     compared = 0
     for seed in (0, 1):

@@ -19,7 +19,7 @@ from .backends import (
     make_backend,
     resolve_backend_name,
 )
-from .bisect import STAGES, BisectResult, bisect_capture
+from .bisect import MIXER_STAGE, STAGES, BisectResult, bisect_capture
 from .cache import capture_safe_cache_class, make_capture_safe_cache
 from .decode import AUTOTUNE_MIN_WEIGHT_BYTES, STEP_MARKER, DecodeStepRunner, default_compile_mode
 from .device import (
@@ -62,6 +62,7 @@ __all__ = [
     "AUTOTUNE_MIN_WEIGHT_BYTES",
     "BACKENDS",
     "KNOWN_CAUSES",
+    "MIXER_STAGE",
     "MOE_ROUTINGS",
     "STAGES",
     "STEP_MARKER",

@@ -30,7 +30,8 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 def output_cache(output: Any) -> Any:
     """The cache object returned by a forward, under either name."""
-    for name in ("cache", "past_key_values"):
+    # "cache_params": the SSM models' name before transformers moved them onto its shared cache.
+    for name in ("cache", "past_key_values", "cache_params"):
         try:
             value = output[name] if isinstance(output, dict) else getattr(output, name, None)
         except (KeyError, AttributeError):

@@ -91,9 +91,18 @@ class GraphBackend(ABC):
 
     def _fail(self, err: BaseException, what: str = "capture") -> CaptureFailedError:
         expl = explain_capture_error(err)
-        exc = CaptureFailedError(f"{self.name} {what} failed: {expl}", expl)
+        message = f"{self.name} {what} failed: {expl}"
+        # The explanation names the underlying error itself only for model_error; say it
+        # for every other code too, so the one line holds what the traceback would.
+        if expl.underlying and expl.underlying not in message:
+            message += f" [underlying error: {_clip(expl.underlying)}]"
+        exc = CaptureFailedError(message, expl)
         exc.__cause__ = err
         return exc
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _EagerStep(CapturedStep):

@@ -204,9 +204,14 @@ def capture_safe_cache_class() -> type:
                 """Take the prefill layer's states and flags. The first prompt allocates the
                 buffers (clones, static addresses); later prompts copy into them in place, so
                 a captured step, which holds these addresses, reads the new prompt's state."""
-                for name in _linear_attrs(linear_base):
-                    if hasattr(src, name):
-                        setattr(self, name, _adopt(getattr(self, name, None), getattr(src, name)))
+                # Every attribute the prefill layer keeps for its states (5.8 sets some, e.g.
+                # conv_kernel_size, only when a state first arrives), minus the attention
+                # ring's own (a hybrid layer keeps its ring).
+                ring = set(vars(self)) - set(_linear_attrs(linear_base))
+                for name in set(vars(src)) | set(_linear_attrs(linear_base)):
+                    if name in ring or name in _RING_ATTRS or not hasattr(src, name):
+                        continue
+                    setattr(self, name, _adopt(getattr(self, name, None), getattr(src, name)))
                 if hasattr(self, "record_past"):
                     self.record_past = False
                 flags = getattr(self, "has_previous_state", None)
@@ -246,14 +251,14 @@ def capture_safe_cache_class() -> type:
                 # reset) would also clear has_previous_state and change the decode branch.
                 pass
 
-        class CaptureSafeHybridLayer(CaptureSafeLayer, CaptureSafeStateLayer):  # type: ignore[misc]
+        class CaptureSafeHybridLayer(CaptureSafeLayer, CaptureSafeStateLayer):
             """Attention ring and recurrent states in one layer (``hybrid`` layer types)."""
 
             holds_state = True
 
             def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
                 CaptureSafeLayer.__init__(self, cache_len, window, write_pos)
-                fresh = linear_base()
+                fresh = cast(type, linear_base)()
                 for name in _linear_attrs(linear_base):
                     if name not in ("device", "dtype"):
                         setattr(self, name, getattr(fresh, name))
@@ -311,8 +316,7 @@ def capture_safe_cache_class() -> type:
                     layers.append(CaptureSafeHybridLayer(length, w, self.write_pos))
                 else:
                     layers.append(CaptureSafeNoStateLayer())
-            # Cache types ``layers`` as a list of its own layer union (list is invariant).
-            super().__init__(layers=cast("list[Any]", layers))
+            super().__init__(layers=layers)
             self.batch_size_ = batch_size
             self.capacity = max_cache_len  # not max_cache_len: a read-only property of Cache in 5.8
             self.layer_types = list(layer_types)
@@ -614,6 +618,13 @@ def _linear_attrs(base: type) -> tuple[str, ...]:
     return tuple(vars(base()))
 
 
+#: Attention-side attributes of transformers' hybrid prefill layers that a capture-safe
+#: layer owns itself (its ring replaces them).
+_RING_ATTRS = frozenset(
+    {"keys", "values", "is_initialized", "cumulative_length", "cumulative_length_int", "sliding_window"}
+)
+
+
 def _adopt(mine: Any, theirs: Any) -> Any:
     """``theirs`` (a prefill layer's attribute) as this layer's value: tensors are copied
     into ``mine`` in place where shapes and dtypes agree (the address a graph holds stays),
@@ -664,8 +675,10 @@ def layer_kinds_of(prefilled: Any, consumers: list[bool]) -> list[str]:
     kinds = []
     for i, consumer in enumerate(consumers):
         src = src_layers[i] if i < len(src_layers) else None
-        if _is_linear_layer(src):
+        if _is_linear_layer(src) and (_has_states(src) or isinstance(src, CacheLayerMixin)):
             kinds.append("hybrid" if isinstance(src, CacheLayerMixin) else "state")
+        elif _is_linear_layer(src):
+            kinds.append("none")  # 5.8 gives MLP / MoE blocks an empty linear layer
         elif src is not None and getattr(src, "keys", None) is not None:
             kinds.append("attention")
         elif consumer:

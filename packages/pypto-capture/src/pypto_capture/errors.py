@@ -32,12 +32,17 @@ class CaptureFailedError(PyptoCaptureError):
     """Capturing (or compiling with fullgraph) a region failed.
 
     ``explanation`` says why in structured form; ``__cause__`` is the original error.
+    ``cause_type`` / ``cause_message`` name the exception under every wrapper (dynamo's
+    ``Unsupported`` around the model's ``KeyError: 'full_attention'``), so a caller can
+    report the real error without walking the chain; None when it is unknown.
     """
 
     def __init__(self, message: str, explanation: CaptureExplanation, stage: str | None = None):
         super().__init__(message)
         self.explanation = explanation
         self.stage = stage
+        self.cause_type: str | None = explanation.cause_type
+        self.cause_message: str | None = explanation.cause_message
 
 
 class UnsupportedModelError(PyptoCaptureError):

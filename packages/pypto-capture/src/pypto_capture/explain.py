@@ -4,19 +4,35 @@ Capture errors surface as opaque runtime codes (ACL ``107025``, CUDA ``900``) or
 long dynamo messages. The table below maps them to the usual cause in LLM decode
 capture and the mitigation this package offers. Matching is by numeric code first (the
 most specific signal), then by message pattern.
+
+Before either, the underlying exception is dug out of the chain (dynamo wraps what the
+traced code raised: ``Unsupported("Observed exception")`` around an ``ObservedKeyError``
+whose debug context names the real ``KeyError('full_attention')``). When that is an
+ordinary Python exception raised by the model's own code, the failure is ``model_error``,
+not a graph break: calling it a host sync would send the reader hunting for an ``.item()``
+that is not there. Every explanation carries the underlying exception's type and message
+(``cause_type``, ``cause_message``) whatever its code.
 """
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 __all__ = ["ACL_RT_NAMES", "KNOWN_CAUSES", "CaptureExplanation", "explain_capture_error"]
 
 
 @dataclass(frozen=True)
 class CaptureExplanation:
-    """Why a capture failed and what to do. ``matched`` is False for unknown errors."""
+    """Why a capture failed and what to do. ``matched`` is False for unknown errors.
+
+    ``cause_type`` / ``cause_message`` are the underlying exception's (``KeyError`` /
+    ``'full_attention'``), dug out of dynamo's and this package's wrappers: what a reader
+    greps the model's code for. None when only log text without it was given.
+    """
 
     code: str | None
     name: str
@@ -24,6 +40,15 @@ class CaptureExplanation:
     fix: str
     matched: bool
     message: str = ""
+    cause_type: str | None = None
+    cause_message: str | None = None
+
+    @property
+    def underlying(self) -> str | None:
+        """``"KeyError: 'full_attention'"``, or None when the underlying error is unknown."""
+        if not self.cause_type:
+            return None
+        return f"{self.cause_type}: {self.cause_message}" if self.cause_message else self.cause_type
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -43,6 +68,11 @@ class _Rule:
 
 
 _BISECT = "run pypto_capture.bisect_capture(model) to find the first failing stage"
+_MODEL_FIX = (
+    "check the inputs the step hands the model (attention_mask mapping keys per layer type, "
+    "the cache object, position ids, kwargs) against what its forward reads; run the same "
+    f"call eagerly (backend='eager') to see the full traceback; {_BISECT}"
+)
 _EXACT_MOE = (
     "pypto_capture.apply_exact_moe(model): the router's top-k stays on the device, decode "
     "gathers the k selected experts (fixed shapes, no sort, no counts, no cumsum), outputs "
@@ -181,6 +211,16 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
             "capture invalidated",
         ),
     ),
+    # --- the model's own code ------------------------------------------------------
+    # Matched structurally (see _underlying), never by message: no patterns.
+    _Rule(
+        "model_error",
+        "the model's code raised an exception",
+        "the model's own code raised an ordinary Python exception (KeyError, AttributeError, "
+        "TypeError, ValueError, a failed assert, a torch op rejecting its inputs) while being "
+        "traced or run: not a capture limitation; the same call fails eagerly",
+        _MODEL_FIX,
+    ),
     # --- torch.compile / dynamo / inductor ----------------------------------------
     _Rule(
         "graph_break",
@@ -304,22 +344,200 @@ _CODE_RE = re.compile(r"(?<![\d.])(10\d{4}|50\d{4}|90[01])(?!\d|\.\d)")  # "1070
 _BY_CODE = {r.code: r for r in KNOWN_CAUSES if r.code.isdigit()}
 
 
+def _chain(err: BaseException) -> list[BaseException]:
+    """``err`` and what it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    out = [err]
+    seen = {id(err)}
+    cur: BaseException | None = err.__cause__ or err.__context__
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
 def _message_of(err: BaseException | str) -> str:
     if isinstance(err, str):
         return err
-    parts = [f"{type(err).__module__}.{type(err).__name__}: {err}"]
-    seen = {id(err)}
-    cur: BaseException | None = err.__cause__ or err.__context__
-    while cur is not None and id(cur) not in seen:  # chained causes carry the runtime code
-        seen.add(id(cur))
-        parts.append(f"{type(cur).__module__}.{type(cur).__name__}: {cur}")
-        cur = cur.__cause__ or cur.__context__
-    return "\n".join(parts)
+    # chained causes carry the runtime code
+    return "\n".join(f"{type(e).__module__}.{type(e).__name__}: {e}" for e in _chain(err))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --- the underlying exception -----------------------------------------------------------
+
+# Exceptions that, raised by the model's code when it runs eagerly, are its own bugs or a
+# mismatch with its inputs. RuntimeError is left out: device runtimes and torch report
+# capture failures with it. NotImplementedError too: the dispatcher raises it for an op a
+# backend lacks.
+_ORDINARY = (LookupError, AttributeError, TypeError, ValueError, AssertionError, NameError)
+# dynamo's debug context of an "Observed exception": the traced code's exception, as repr.
+_RAISED_RE = re.compile(r"raised exception ([A-Za-z_][\w.]*)\((.*)\)\s*$", re.MULTILINE)
+_CONSTANT_RE = re.compile(r"^ConstantVariable\(\w+: (.*)\)$", re.DOTALL)
+# Where a raise is not the model's: torch itself and the pypto tools driving the step.
+_OWN_CODE = tuple(
+    f"{os.sep}{pkg}{os.sep}" for pkg in ("torch", "pypto_capture", "pypto_bench", "pypto_tune")
+)
+
+
+@dataclass(frozen=True)
+class _Underlying:
+    type_name: str
+    message: str
+    model: bool  # an ordinary exception raised by the model's code (-> model_error)
+    how: str = "traced"  # "traced" (dynamo), "op" (a torch op under fake tensors), "eager"
+    where: str | None = None
+
+
+def _args_message(type_name: str, args_repr: str) -> str:
+    """``str(exc)`` from the repr of its arguments: ``'full_attention'`` for a KeyError
+    (whose str is the key's repr), the text itself for the others."""
+    try:
+        args: tuple[Any, ...] = ast.literal_eval(f"({args_repr},)") if args_repr.strip() else ()
+    except (ValueError, SyntaxError):
+        return args_repr
+    if len(args) == 1:
+        return repr(args[0]) if type_name.endswith("KeyError") else str(args[0])
+    return str(args) if args else ""
+
+
+def _frame_where(frames: Any) -> str | None:
+    """``modeling_x.py:123 in forward``: the innermost model frame (``modeling_*.py``) of a
+    stack, else its innermost frame. dynamo's stack can stop at a ``finally`` that re-raised,
+    so this is near the raise, not always at it."""
+    frames = list(frames or [])
+    if not frames:
+        return None
+    model = [f for f in frames if os.path.basename(str(f.filename)).startswith("modeling_")]
+    f = (model or frames)[-1]
+    return f"{os.path.basename(str(f.filename))}:{f.lineno} in {f.name}"
+
+
+def _tb_frames(exc: BaseException) -> list[Any]:
+    import traceback
+
+    return list(traceback.extract_tb(exc.__traceback__)) if exc.__traceback__ else []
+
+
+def _is_dynamo(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("torch._dynamo")
+
+
+def _observed(chain: list[BaseException]) -> _Underlying | None:
+    """What the traced code raised, when dynamo observed an exception it could not handle."""
+    observed = [
+        e
+        for e in chain
+        if _is_dynamo(e)
+        and (
+            getattr(e, "gb_type", None) == "Observed exception"
+            or type(e).__name__.startswith("Observed")
+        )
+    ]
+    if not observed:
+        return None
+    where = _frame_where(getattr(observed[0], "real_stack", None))
+    for e in observed:  # the debug context names the real exception with its arguments
+        m = _RAISED_RE.search(str(e))
+        if m:
+            name = m.group(1).rsplit(".", 1)[-1]
+            message = _one_line(_args_message(name, m.group(2)))
+            return _Underlying(name, message, True, "traced", where)
+    for e in chain[chain.index(observed[-1]) + 1 :]:  # sometimes the real one is chained
+        if not type(e).__module__.startswith("torch"):
+            return _Underlying(type(e).__name__, _one_line(str(e)), True, "traced", where)
+    last = observed[-1]
+    name = type(last).__name__.removeprefix("Observed")
+    name = name[: -len("Error")] if name.endswith("ErrorError") else name
+    text = str(last.args[0]) if last.args else ""
+    m2 = _CONSTANT_RE.match(text)
+    message = _args_message(name, m2.group(1)) if m2 else text
+    return _Underlying(name or "Exception", _one_line(message), True, "traced", where)
+
+
+def _underlying(err: BaseException | str) -> _Underlying | None:
+    """The exception under the wrappers, and whether the model's own code raised it."""
+    if isinstance(err, str):  # recorded log text: only dynamo's debug context says it
+        m = _RAISED_RE.search(err)
+        if m and "observed exception" in err.lower():
+            name = m.group(1).rsplit(".", 1)[-1]
+            return _Underlying(name, _one_line(_args_message(name, m.group(2))), True)
+        return None
+    chain = _chain(err)
+    found = _observed(chain)
+    if found is not None:
+        return found
+    for e in chain:
+        gb_type = str(getattr(e, "gb_type", "") or "") if _is_dynamo(e) else ""
+        if gb_type.startswith("Data-dependent assertion failed") and (
+            "ConstantVariable(bool: False)" in str(e)
+        ):
+            # ``assert`` on a Python value that is False while tracing: the model's own
+            # check failed (a data-dependent assert would carry a symbolic value).
+            summary = getattr(e, "innermost_user_frame_summary", None)
+            line = (getattr(summary, "line", None) or "").strip() or "assert failed"
+            where = _frame_where(getattr(e, "real_stack", None))
+            return _Underlying("AssertionError", line, True, "traced", where)
+        if gb_type == "RuntimeError when making fake tensor call":
+            # A torch op rejected the shapes or dtypes the model's code gave it; the op's
+            # own error is chained below (eager would raise it too).
+            inner = next((x for x in chain if type(x) is RuntimeError), None)
+            where = _frame_where(getattr(e, "real_stack", None))
+            text = _one_line(str(inner)) if inner is not None else _one_line(str(e), 200)
+            return _Underlying("RuntimeError", text, True, "op", where)
+    deepest = chain[-1]
+    if type(deepest).__name__ == "CaptureFailedError" and len(chain) == 1:
+        return None  # nothing under it (a CaptureFailedError built by hand)
+    frames = _tb_frames(deepest)
+    model = (
+        type(deepest).__module__ == "builtins"
+        and isinstance(deepest, _ORDINARY)
+        and bool(frames)
+        and not any(part in str(frames[-1].filename) for part in _OWN_CODE)
+    )
+    message = str(deepest.args[0]) if _is_dynamo(deepest) and deepest.args else str(deepest)
+    return _Underlying(
+        type(deepest).__name__,
+        _one_line(message.split("\n", 1)[0] if _is_dynamo(deepest) else message),
+        model,
+        "eager",
+        _frame_where(frames) if model else None,
+    )
+
+
+def _model_error(under: _Underlying, text: str) -> CaptureExplanation:
+    rule = next(r for r in KNOWN_CAUSES if r.code == "model_error")
+    raised = f"{under.type_name}: {under.message}" if under.message else under.type_name
+    if under.how == "op":
+        cause = (
+            f"a torch op in the model's own code rejected its inputs while being traced: {raised}"
+        )
+    elif under.how == "eager":
+        cause = f"the model's own code raised {raised} when run eagerly"
+    else:
+        cause = f"the model's own code raised {raised} while being traced"
+    if under.where:
+        cause += f" (near {under.where})"
+    fix = rule.fix
+    if under.type_name == "KeyError":
+        fix = (
+            f"a mapping the model indexes lacks the key {under.message} (e.g. an attention_mask "
+            f"dict without a layer type the model reads): {fix}"
+        )
+    return CaptureExplanation(
+        code=rule.code,
+        name=rule.name,
+        cause=cause,
+        fix=fix,
+        matched=True,
+        message=_one_line(text),
+        cause_type=under.type_name,
+        cause_message=under.message,
+    )
 
 
 def explain_capture_error(
@@ -329,10 +547,18 @@ def explain_capture_error(
 
     ``context="moe"`` says the failing region is an MoE block (bisect's MoE stage knows
     it even when the message does not name experts): codes with an MoE-specific cause
-    get that cause and fix. Unknown errors come back with ``matched=False`` and advice
-    to bisect, never raise.
+    get that cause and fix. An ordinary exception raised by the model's own code (dynamo
+    observed it while tracing, or the step raised it eagerly) is ``model_error`` whatever
+    else the message says: no runtime ran, so no runtime code or host sync is to blame.
+    Unknown errors come back with ``matched=False`` and advice to bisect, never raise.
     """
     text = _message_of(err)
+    under = _underlying(err)
+    if under is not None and under.model:
+        return _model_error(under, text)
+    extra: dict[str, Any] = {}
+    if under is not None:
+        extra = {"cause_type": under.type_name, "cause_message": under.message}
     low = text.lower()
     rule: _Rule | None = None
     # 1. explicit runtime codes: the most specific signal. Prefer codes we know, in text order.
@@ -357,6 +583,7 @@ def explain_capture_error(
             fix=f"{_BISECT}; then report the message with the failing stage",
             matched=False,
             message=_one_line(text),
+            **extra,
         )
     cause, fix = rule.cause, rule.fix
     if rule.code in _MOE_CAUSES and (context == "moe" or _moe_related(rule.code, text)):
@@ -368,4 +595,5 @@ def explain_capture_error(
         fix=fix,
         matched=True,
         message=_one_line(text),
+        **extra,
     )

@@ -31,6 +31,7 @@ __all__ = [
     "VL_ARCHITECTURES",
     "architecture_config",
     "available",
+    "own_cache_class",
     "expected_outcome",
     "make_tiny_architecture",
 ]
@@ -203,7 +204,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
         "mixes": "Mamba2 SSM + attention + MoE + dense MLP blocks (Nemotron-H)",
         "config": {
             "hidden_size": 64,
-            "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"],
+            "layers_block_type": ["mamba", "moe", "attention", "mlp"],  # 5.8 names; 5.2x maps them
             "head_dim": 16,
             "intermediate_size": 96,
             "ssm_state_size": 16,
@@ -408,6 +409,24 @@ def available(model_type: str) -> str | None:
         import transformers
 
         return f"transformers {transformers.__version__} has no {model_type!r} model type"
+    return None
+
+
+def own_cache_class(model: Any) -> str | None:
+    """The name of a cache class of the model's own (e.g. ``Mamba2Cache`` where the installed
+    transformers predates the move of SSMs onto its shared cache layers), or None.
+
+    pypto-capture refuses such a model's graph arm in one line; a suite run at an older
+    transformers skips the architecture's "ok" cells with this as the reason."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.zeros((1, 1), dtype=torch.long), use_cache=True)
+    for name in ("cache", "past_key_values", "cache_params"):
+        cache = getattr(out, name, None)
+        if cache is not None:
+            module = type(cache).__module__ or ""
+            return type(cache).__name__ if module.startswith("transformers.models.") else None
     return None
 
 
