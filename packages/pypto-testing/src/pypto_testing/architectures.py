@@ -31,9 +31,9 @@ __all__ = [
     "VL_ARCHITECTURES",
     "architecture_config",
     "available",
-    "own_cache_class",
     "expected_outcome",
     "make_tiny_architecture",
+    "own_cache_class",
 ]
 
 _VOCAB = len(SPECIAL_TOKENS) + 256
