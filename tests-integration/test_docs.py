@@ -57,3 +57,30 @@ def test_every_tool_table_stays_in_its_range_and_covers_the_shared_codes():
         for entry in table:
             assert entry.code <= 3 or entry.code in EXIT_RANGES[tool], (tool, entry)
         assert (table.OK, table.FAILED, table.USAGE, table.ENVIRONMENT) == (0, 1, 2, 3)
+
+
+def test_support_matrix_in_readme_and_workflow_matches_the_suite_table():
+    pytest.importorskip("pypto_testing.architectures")
+    matrix = gen_docs.render_support_matrix()
+    for page in gen_docs.MATRIX_PAGES:
+        text = page.read_text()
+        assert gen_docs.with_matrix(text, matrix) == text, (
+            f"{page.name}: run python tools/gen_docs.py"
+        )
+    # Every decoder of the suite has a row, and the listed hybrids work in the decode graph arm.
+    from pypto_testing import architectures as arch
+
+    for model_type in (
+        "qwen3_next",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "kimi_linear",
+        "mamba2",
+        "jamba",
+        "nemotron_h",
+        "granitemoehybrid",
+        "lfm2",
+        "falcon_h1",
+    ):
+        assert arch.expected_outcome(model_type, "decode", "graph") is None
+        assert f"| `{model_type}` |" in matrix

@@ -10,6 +10,8 @@ Decode, bf16, random weights (throughput does not depend on the values), every r
   ``--graph-backend cudagraph`` (the eager step captured, the 9.5%-of-roofline path) for
   the before/after. Targets: graph >= 25% of the bandwidth roofline, >= 1.2x hf-compile.
 * 0.5B-class batch sweep 1,8,32 (roofline against bandwidth and matmul peak per batch).
+* 0.5B-class Qwen3.5-shaped hybrid (Gated DeltaNet + gated attention, issue #26) batch 1:
+  eager, graph, hf-compile; the roofline counts the recurrent state read and written.
 * 7B-class (Qwen2.5-7B shape) batch 1: eager, graph, hf-compile. Target: graph >= 70% of
   the roofline.
 Token match 100% expected in every case (bf16 may flip near-ties: the reports say where).
@@ -112,6 +114,15 @@ def _build(work: Path, name: str, arch: str, dtype: str, shape: dict) -> list[st
     return [sys.executable, "-c", code, str(work / name), arch, dtype, json.dumps(shape)]
 
 
+def _build_arch(work: Path, name: str, model_type: str, dtype: str, shape: dict) -> list[str]:
+    code = (
+        "import sys, json; from pypto_testing.architectures import make_tiny_architecture; "
+        "make_tiny_architecture(sys.argv[1], sys.argv[2], dtype=sys.argv[3], "
+        "**json.loads(sys.argv[4]))"
+    )
+    return [sys.executable, "-c", code, str(work / name), model_type, dtype, json.dumps(shape)]
+
+
 def _bench(model: Path, report: Path, device: str, dtype: str, gen: int, iters: int, *extra: str):
     return [
         sys.executable, "-m", "pypto_bench", "run", "--model-path", str(model),
@@ -168,13 +179,16 @@ def main() -> int:
     steps = Steps(out, args.budget_s)
     if args.dry_run:
         device, dtype, gen, iters, gen7 = "cpu", "float32", 6, 1, 6
-        small, big = {}, {}
+        small, big, hybrid = {}, {}, {}
         batches = "1,2"
     else:
         from bench_e2e_cpu import QWEN05_SHAPE  # tools/ is on sys.path when run from there
 
         device, dtype, gen, iters, gen7 = "cuda:0", "bfloat16", 128, 5, 64
+        from bench_hybrid_cpu import SHAPES as HYBRID_SHAPES
+
         small, big = QWEN05_SHAPE, QWEN7B_SHAPE
+        hybrid = HYBRID_SHAPES["qwen3_5"][1]
         batches = "1,8,32"
     steps.run(
         "env",
@@ -199,6 +213,12 @@ def main() -> int:
                "--arms", "eager,graph", "--batch", batches),
         180,
     )  # fmt: skip
+    steps.run("build_hybrid", _build_arch(work, "hybrid", "qwen3_5_text", dtype, hybrid), 120)
+    steps.run(
+        "b1_hybrid",
+        _bench(work / "hybrid", out / "b1_hybrid.json", device, dtype, gen, iters, *arms),
+        240,
+    )
     if not args.skip_7b:
         steps.run("build_7b", _build(work, "q7b", "qwen2", dtype, big), 240)
         steps.run(

@@ -135,6 +135,9 @@ def report_model(path):
 @pytest.mark.parametrize("model_type", arch.DECODER_ARCHITECTURES)
 def test_architecture_through_every_arm(folders, model_type):
     path = folders(model_type)
+    own = arch.own_cache_class(report_model(path))
+    if own and arch.expected_outcome(model_type, "decode", "graph") is None:
+        pytest.skip(f"this transformers keeps {own} for {model_type} (refused in one line)")
     decode = _run(path, "decode", ["eager", "graph", "hf-compile"])
     _check_arms(decode, model_type, "decode")
     batch2 = _run(path, "decode", ["eager", "graph"], batch=2)

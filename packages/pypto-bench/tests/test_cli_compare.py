@@ -333,3 +333,64 @@ def test_graph_capture_failure_is_isolated_and_explained(tiny_llama, tmp_path, c
     assert eager["tokens_per_s"]["best"] > 0
     err = capsys.readouterr().err
     assert "graph" in err
+
+
+_MASK_MAPPING_MODEL = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class MaskMappingConfig(LlamaConfig):
+    model_type = "pypto_mask_mapping"
+
+
+class MaskMappingLM(LlamaForCausalLM):
+    config_class = MaskMappingConfig
+
+    def forward(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # Like Falcon-H1 reading its {layer_type: mask} mapping: this model's mapping
+            # lacks the key it reads, a KeyError raised by its own code while traced.
+            masks = {"hybrid": kwargs.get("attention_mask")}
+            kwargs["attention_mask"] = masks["full_attention"]
+        return super().forward(*args, **kwargs)
+"""
+
+
+def test_a_models_own_exception_in_the_graph_arm_is_named_not_called_a_host_sync(
+    tiny_llama, tmp_path, capsys
+):
+    folder = tmp_path / "maskmapping"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "modeling_mask_mapping.py").write_text(_MASK_MAPPING_MODEL)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(
+        model_type="pypto_mask_mapping",
+        architectures=["MaskMappingLM"],
+        auto_map={
+            "AutoConfig": "modeling_mask_mapping.MaskMappingConfig",
+            "AutoModelForCausalLM": "modeling_mask_mapping.MaskMappingLM",
+        },
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "run", "--model-path", str(folder), "--device", "cpu", "--trust-remote-code",
+            "--gen", "2", "--seq", "4", "--warmup", "0", "--iters", "1",
+            "--arms", "eager,graph", "--graph-backend", "compile", "--no-bandwidth",
+            "--report-file", str(out),
+        ]
+    )  # fmt: skip
+    assert code == EXIT.ARM_FAILED
+    graph = json.loads(out.read_text())["arms"][1]
+    assert not graph["ok"]
+    assert graph["error"].startswith("CaptureFailedError [KeyError: 'full_attention']: ")
+    expl = graph["explanation"]
+    assert expl["code"] == "model_error"
+    assert (expl["cause_type"], expl["cause_message"]) == ("KeyError", "'full_attention'")
+    assert "host sync" not in expl["cause"]
+    assert "host sync" not in graph["error"]
+    err = capsys.readouterr().err
+    assert "graph: CaptureFailedError [KeyError: 'full_attention']" in err  # the arm's line
+    assert "arm(s) failed: graph (KeyError: 'full_attention')" in err  # the last line

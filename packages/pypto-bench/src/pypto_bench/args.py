@@ -178,6 +178,13 @@ _FLAGS: tuple[_Flag, ...] = (
         "skipped anyway when the weights do not fit one device",
         action="store_false",
     ),
+    _Flag(
+        "image",
+        "--image",
+        "vision-language model: run the whole model on this image + a text prompt built "
+        "with the folder's processor (prefill regime; pypto-bench smoke: one more forward)",
+        metavar="FILE",
+    ),
     _Flag("report_file", "--report-file", "write the JSON report here", metavar="FILE"),
 )
 

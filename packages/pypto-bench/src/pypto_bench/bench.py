@@ -34,6 +34,7 @@ from .errors import (
 from .measure import (
     RssPeak,
     attention_flops_per_token,
+    cache_bytes_probe,
     count_tokens,
     kv_bytes_per_token,
     match_rate,
@@ -46,7 +47,7 @@ from .measure import (
 )
 from .noise import LoadSampler
 from .peer import PEER_ARM
-from .report import ArmResult, Report, check_report_path, new_report
+from .report import ArmResult, Report, check_report_path, new_report, underlying_error
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,10 @@ class BenchConfig:
     # "pipeline" (one process, layers split over the devices; prefill, eager: the fallback
     # for a family without a plan).
     placement: str = "tensor"
+    # A vision-language model's prefill on an image + text prompt (``--image FILE``): the
+    # whole model, vision tower included, on inputs the folder's processor builds. None:
+    # text prompts (a VL model's language model). pypto_bench.vision reads the file.
+    image: str | None = None
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -192,12 +197,29 @@ class BenchConfig:
             validate_distributed(self)
         if self.diffusion_steps is not None and self.diffusion_steps < 1:
             raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
+        if self.image is not None:
+            self._validate_image()
         if self.block_length is not None and (
             self.block_length < 1 or self.gen % self.block_length
         ):
             raise BadInputError(
                 f"--block-length must divide --gen ({self.gen}); got {self.block_length}"
             )
+
+    def _validate_image(self) -> None:
+        from .vision import check_image_file
+
+        if self.regime != "prefill":
+            raise BadInputError(
+                f"--image runs in the prefill regime only (the {self.regime} regime benches a "
+                "vision-language model's language model on text prompts): pass --regime "
+                "prefill or drop --image"
+            )
+        if self.nproc != 1 or self.placement != "tensor":
+            raise BadInputError(
+                "--image runs in one process: drop --nproc / --placement or drop --image"
+            )
+        check_image_file(self.image or "")
 
     def _validate_batches(self) -> None:
         batches = tuple(self.batches)
@@ -254,6 +276,8 @@ class BenchConfig:
             **({"nproc": self.nproc} if self.nproc != 1 else {}),
             **({"nproc_baseline": False} if not self.nproc_baseline else {}),
             **({"placement": self.placement} if self.placement != "tensor" else {}),
+            # Only with --image: a text run's description (e2e's fingerprint) is unchanged.
+            **({"image": str(self.image)} if self.image is not None else {}),
         }
 
     def load_options(self) -> dict[str, Any]:
@@ -325,6 +349,11 @@ class _Ctx:
     #: A ``pypto_capture.GraphBackend`` object used instead of ``config.graph_backend``
     #: (--nproc ranks: inductor's freezing cannot fold a process group into a constant).
     graph_backend: Any = None
+    #: Forward keywords beyond ids and mask: an image prompt's ``pixel_values``,
+    #: ``image_grid_thw``, ``mm_token_type_ids`` ... (--image). Empty for text prompts.
+    model_inputs: dict[str, Any] = field(default_factory=dict)
+    #: --image: batch -> that batch's image-prompt inputs (a sweep rebuilds them per batch).
+    image_prompt: Callable[[int], dict[str, Any]] | None = None
 
 
 class _Memory:
@@ -570,10 +599,10 @@ def _peer_prefill_fn(ctx: _Ctx, arm: ArmResult) -> Callable[[], Any]:
     from .peer import compiled_prefill
 
     call = compiled_prefill(ctx.model, _peer_config(ctx, arm))
-    ids, mask = ctx.input_ids, ctx.attention_mask
+    ids, mask, extra = ctx.input_ids, ctx.attention_mask, ctx.model_inputs
 
     def fn() -> Any:
-        return call(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return call(input_ids=ids, attention_mask=mask, use_cache=False, **extra).logits
 
     return fn
 
@@ -596,10 +625,11 @@ def _run_peer_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
 
 
 def _prefill_fn(ctx: _Ctx) -> Callable[[], Any]:
-    model, ids, mask = ctx.model, ctx.input_ids, ctx.attention_mask
+    """One forward over the prompt; with --image the whole VL model on the image prompt."""
+    model, ids, mask, extra = ctx.model, ctx.input_ids, ctx.attention_mask, ctx.model_inputs
 
     def fn() -> Any:
-        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        return model(input_ids=ids, attention_mask=mask, use_cache=False, **extra).logits
 
     return fn
 
@@ -650,7 +680,9 @@ def _run_graph_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
 
 
 def _fill_prefill(ctx: _Ctx, arm: ArmResult, times: list[float]) -> None:
-    n = ctx.config.batch * ctx.config.seq
+    # Prompt tokens per forward: batch x seq for text; an image prompt is longer (its
+    # template and image placeholders come on top of the --seq text tokens).
+    n = int(ctx.input_ids.numel())
     arm.tokens_per_s = summarize([n / t for t in times])
     arm.seconds = summarize_seconds(times)
     arm.tokens_per_iter = [n] * len(times)
@@ -704,6 +736,13 @@ def _diffusion_plan(ctx: _Ctx, arm: ArmResult) -> dict[str, Any]:
         return {"step_backend": backend}
     return {"forward": _graph_forward(ctx)}
 
+
+#: Added to a graph arm that failed on an --image prompt: what was captured and the way on.
+IMAGE_CAPTURE_NOTE = (
+    "with --image the whole vision-language forward is captured as one graph, vision tower "
+    "included; a vision tower that reads the image grid on the host (data-dependent shapes, "
+    "e.g. Qwen's) cannot be one graph: bench the language model's graph arm without --image"
+)
 
 #: Why a native block-diffusion arm has no token-match verdict.
 NATIVE_SAMPLING_NOTE = (
@@ -942,13 +981,26 @@ def _record_failure(ctx: _Ctx, arm: ArmResult, err: BaseException) -> None:
     from pypto_capture import CaptureFailedError, explain_capture_error
 
     arm.ok = False
-    # Exception text can quote a URL with credentials or an env token: redact at source.
-    arm.error = redact(f"{type(err).__name__}: {' '.join(str(err).split())[:500]}")
-    log.error("arm %s failed: %s", arm.name, arm.error)
     try:
-        arm.explanation = explain_capture_error(err).to_dict()
+        # A capture failure carries its explanation; anything else is explained here.
+        expl = err.explanation if isinstance(err, CaptureFailedError) else None
+        expl = expl or explain_capture_error(err)
+        # Its message and underlying error quote exception text too: redacted like the error.
+        arm.explanation = {
+            k: redact(v) if isinstance(v, str) else v for k, v in expl.to_dict().items()
+        }
     except Exception as inner:  # explaining must never mask the original failure
         arm.explanation = {"code": None, "matched": False, "cause": f"explain failed: {inner}"}
+    underlying = underlying_error(arm.explanation)
+    # The error line leads with the exception under the wrappers (dynamo's Unsupported
+    # around the model's KeyError), so the one line a reader sees names the real error.
+    text = " ".join(str(err).split())
+    head = type(err).__name__
+    if underlying and not f"{head}: {text}".startswith(underlying):
+        head = f"{head} [{underlying[:200]}]"
+    # Exception text can quote a URL with credentials or an env token: redact at source.
+    arm.error = redact(f"{head}: {text[:500]}")
+    log.error("arm %s failed: %s", arm.name, arm.error)
     if isinstance(err, CaptureFailedError):
         bisect_capture = getattr(pypto_capture, "bisect_capture", None)
         if bisect_capture is None:
@@ -1044,6 +1096,8 @@ def _measure(ctx: _Ctx, report: Report) -> None:
             tokens[name] = _run_arm(ctx, arm)
         except Exception as err:
             _record_failure(ctx, arm, err)
+            if ctx.model_inputs and name in ("graph", "pypto+graph"):
+                arm.warnings.append(f"{name}: {IMAGE_CAPTURE_NOTE}")
     _check_agreement(ctx, report, tokens)
     if ctx.config.regime == "decode":
         _fill_roofline(ctx, report)
@@ -1054,6 +1108,8 @@ def _ctx_for_batch(ctx: _Ctx, batch: int) -> _Ctx:
     import torch
 
     config = replace(ctx.config, batch=batch, batches=(), report_file=None)
+    if ctx.image_prompt is not None:
+        return _apply_image_inputs(replace(ctx, config=config), ctx.image_prompt, batch)
     ids = make_prompt_ids(ctx.tokenizer, batch, config.seq, ctx.special_ids).to(ctx.device)
     return replace(ctx, config=config, input_ids=ids, attention_mask=torch.ones_like(ids))
 
@@ -1160,10 +1216,18 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
         weights = weight_bytes_read_per_step(ctx.model)
         kv = kv_bytes_per_token(ctx.model)
         moe = _moe_bytes(ctx.model, cfg.batch)
+        # Recurrent layers hold no keys and a fixed state instead: read off the model's own
+        # cache (None for attention-only models, whose formula above stands).
+        probe = cache_bytes_probe(ctx.model, cfg.batch, ctx.device)
     except Exception as err:
         report.warnings.append(f"roofline skipped: {err}")
         return
+    state = 0
+    if probe is not None:
+        kv, state = probe["kv_bytes_per_token"], probe["state_bytes"]
     info: dict[str, Any] = {"weight_bytes": weights, "kv_bytes_per_token": kv}
+    if state:
+        info["state_bytes"] = state
     if moe is not None:
         # A decode step reads the routed experts only, not all of them.
         weights = weights - moe["expert_bytes"] + moe["active_expert_bytes"]
@@ -1195,8 +1259,10 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
         # cache attends over all max_cache_len slots every step.
         context = cfg.seq + cfg.gen / 2 if arm.name == "eager" else cfg.seq + cfg.gen
         kv_arm: float = kv
-        cache_bytes = (arm.details.get("kv_cache") or {}).get("total_bytes")
-        if cache_bytes:
+        cache = arm.details.get("kv_cache") or {}
+        # The states are the same for every arm; the capture-safe cache counts its own.
+        cache_bytes = cache.get("total_bytes", 0) - cache.get("state_bytes", 0)
+        if cache_bytes > 0:
             # The capture-safe cache reads every slot it holds each step (sliding layers
             # only their window): per token of context, for the same formula.
             kv_arm = cache_bytes / (cfg.batch * context)
@@ -1216,6 +1282,7 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
             measured_tok_s=arm.tokens_per_s["best"],
             flops_per_token=flops_per_token,
             flops_per_s=peak,
+            state_bytes=cache.get("state_bytes", state) if cache else state,
         )
 
 
@@ -1255,7 +1322,15 @@ def _load_context(
     from .environment import prepare_device_env
     from .loading import check_model_folder, load_model
 
-    check_model_folder(config.model_path)
+    folder = check_model_folder(config.model_path)
+    image = None
+    if config.image is not None:
+        from .loading import auto_class_name, read_model_config
+        from .vision import read_image
+
+        # Bad input is named before anything heavy runs: the file, then the model kind.
+        image = read_image(config.image)
+        auto_class_name(read_model_config(folder), image=True, path=folder)
     warnings = prepare_device_env(config.device)
 
     import torch
@@ -1271,7 +1346,9 @@ def _load_context(
     torch.manual_seed(config.seed)
     reset_peak_memory(device)
     load_rss = RssPeak()  # CPU: the allocator keeps no peaks, the resident set does
-    loaded = load_model(config.model_path, device=device, **config.load_options())
+    loaded = load_model(
+        config.model_path, device=device, image=image is not None, **config.load_options()
+    )
     load_mem = memory_stats(device)
     model, tokenizer = loaded.model, loaded.tokenizer
     if config.regime == "diffusion-generate":
@@ -1294,7 +1371,71 @@ def _load_context(
         },
     }
     ctx = make_context(config, model, tokenizer, device, progress)
+    if image is not None:
+        ctx = _with_image_prompt(ctx, loaded, image)
+    if loaded.vision_language:
+        from .vision import vl_info
+
+        model_info["vl"] = vl_info(
+            model,
+            image=image,
+            prompter=getattr(ctx.image_prompt, "prompter", None),
+            inputs={"input_ids": ctx.input_ids} if image is not None else None,
+        )
+        log.info(
+            "%s is a vision-language model: benching its %s",
+            model_info["vl"]["class"],
+            model_info["vl"]["benched"],
+        )
     return ctx, model_info, warnings
+
+
+def _with_image_prompt(ctx: _Ctx, loaded: Any, image: Any) -> _Ctx:
+    """``ctx`` with the image + text prompt of --image (the folder's processor builds it).
+
+    The text is the --seq tokens the text prompt would hold, decoded; every row holds the
+    same image and text, so rows need no padding.
+    """
+    import inspect
+
+    import torch
+
+    from .vision import load_image_prompter
+
+    prompter = load_image_prompter(
+        loaded.path,
+        loaded.config,
+        loaded.tokenizer,
+        trust_remote_code=ctx.config.trust_remote_code,
+    )
+    accepted = set(inspect.signature(ctx.model.forward).parameters)
+    text_ids = make_prompt_ids(ctx.tokenizer, 1, ctx.config.seq, ctx.special_ids)[0].tolist()
+    text = ctx.tokenizer.decode(text_ids, skip_special_tokens=True)
+    dtype = next(ctx.model.parameters()).dtype
+
+    def build(batch: int) -> dict[str, Any]:
+        out = {}
+        for key, value in prompter.inputs(image.image, text, batch, accepted).items():
+            if isinstance(value, torch.Tensor):
+                value = value.to(ctx.device)
+                if value.is_floating_point():
+                    value = value.to(dtype)
+            out[key] = value
+        return out
+
+    build.prompter = prompter  # type: ignore[attr-defined]
+    return _apply_image_inputs(ctx, build, ctx.config.batch)
+
+
+def _apply_image_inputs(ctx: _Ctx, build: Callable[[int], dict[str, Any]], batch: int) -> _Ctx:
+    inputs = dict(build(batch))
+    ids = inputs.pop("input_ids")
+    mask = inputs.pop("attention_mask", None)
+    if mask is None:
+        import torch
+
+        mask = torch.ones_like(ids)
+    return replace(ctx, input_ids=ids, attention_mask=mask, model_inputs=inputs, image_prompt=build)
 
 
 def make_context(

@@ -26,8 +26,16 @@ log = logging.getLogger("pypto_bench")
 # unless -v (a hub client or transformers at INFO buries the bench's lines).
 OWN_LOGGERS = ("pypto_bench", "pypto_capture")
 
-# The smoke gate loads and generates once: the model flags apply, the timing ones do not.
-_MODEL_FLAGS = ("model_path", "device", "dtype", "trust_remote_code", "attn_implementation")
+# The smoke gate loads and generates once: the model flags apply (and --image, one more
+# forward on an image prompt), the timing ones do not.
+_MODEL_FLAGS = (
+    "model_path",
+    "device",
+    "dtype",
+    "trust_remote_code",
+    "attn_implementation",
+    "image",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,6 +135,7 @@ def _dispatch(args: argparse.Namespace, args_list: list[str], verbosity: int) ->
 
 def _smoke(args: argparse.Namespace) -> int:
     from .smoke import DEFAULT_MIN_COHERENCE, DEFAULT_PROMPT, smoke
+    from .vision import DEFAULT_IMAGE_PROMPT
 
     res = smoke(
         args.model_path,
@@ -136,6 +145,8 @@ def _smoke(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
         attn_implementation=args.attn_implementation,
+        image=args.image,
+        image_prompt=args.prompt or DEFAULT_IMAGE_PROMPT,
         strict=args.strict,
         min_coherence=args.min_coherence
         if args.min_coherence is not None
@@ -149,9 +160,24 @@ def _smoke(args: argparse.Namespace) -> int:
     verdict = "PASS" if res.passed else f"FAIL ({res.stage})"
     if not args.quiet:
         print(f"smoke {verdict}: coherence {score} on {res.device}", file=sys.stderr)
+        if res.vl:
+            print(f"smoke: {_vl_line(res.vl)}", file=sys.stderr)
     if not res.passed:
         _err(res.reason or "smoke gate failed")
     return res.exit_code
+
+
+def _vl_line(vl: dict[str, Any]) -> str:
+    line = f"vision-language {vl.get('class')}: the text generation ran its language model"
+    img = vl.get("image")
+    if img:
+        finite = "finite" if img.get("logits_finite") else "NOT finite"
+        line += (
+            f"; the image prompt ({img.get('width')}x{img.get('height')} {img.get('format')}, "
+            f"{img.get('image_tokens')} image tokens of {img.get('prompt_tokens')}) ran the "
+            f"whole model, logits {finite}"
+        )
+    return line
 
 
 class _Progress:
@@ -219,7 +245,7 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
             )
             code = EXIT.REPORT_FALLBACK
     if not report.ok:
-        _err(f"arm(s) failed: {', '.join(report.failed_arms)} (details in the report)")
+        _err(f"arm(s) failed: {', '.join(report.failed_arm_causes)} (details in the report)")
         return EXIT.ARM_FAILED
     return code
 

@@ -32,6 +32,11 @@ class LoadedModel:
     path: Path
     config: dict[str, Any]
     load_seconds: float
+    #: The Auto class that loaded it (``AutoModelForCausalLM`` / ``AutoModelForImageTextToText``).
+    auto_class: str = "AutoModelForCausalLM"
+    #: A vision-language model loaded whole (its image-text-to-text class): the report says
+    #: what of it the bench ran (``pypto_bench.vision.vl_info``).
+    vision_language: bool = False
 
 
 def check_model_folder(model_path: str | Path | None) -> Path:
@@ -101,30 +106,124 @@ def torch_dtype(name: str):
     return "auto" if name == "auto" else getattr(torch, name)
 
 
-def _auto_class(config: dict[str, Any]) -> Any:
-    """AutoModelForCausalLM, or the image-text-to-text Auto class for a native type that
-    has no causal-LM mapping (transformers' block-diffusion classes, e.g. DiffusionGemma)."""
-    from transformers import AutoModelForCausalLM
+#: The Auto classes pypto-bench loads through (the names transformers and auto_map use).
+CAUSAL_LM = "AutoModelForCausalLM"
+IMAGE_TEXT_TO_TEXT = "AutoModelForImageTextToText"
 
+
+def _mapped_class(auto_name: str, model_type: str) -> str | None:
+    """The class ``auto_name`` maps ``model_type`` to in transformers, or None.
+
+    Reads transformers' mapping names plus what packages registered at run time (the
+    mapping's extra content, e.g. a family package's ``AutoModelForCausalLM.register``).
+    """
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    names = getattr(
+        modeling_auto,
+        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+        if auto_name == CAUSAL_LM
+        else "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+        {},
+    )
+    if model_type in names:
+        value = names[model_type]
+        return str(value[0] if isinstance(value, (list, tuple)) else value)
+    mapping = getattr(getattr(transformers, auto_name, None), "_model_mapping", None)
+    for config_class, model_class in (getattr(mapping, "_extra_content", None) or {}).items():
+        if getattr(config_class, "model_type", None) == model_type:
+            return str(getattr(model_class, "__name__", model_class))
+    return None
+
+
+def is_block_diffusion_class(name: str | None) -> bool:
+    """transformers' block-diffusion classes (DiffusionGemma) sit in the image-text-to-text
+    mapping without being vision-language models."""
+    return bool(name) and str(name).endswith("ForBlockDiffusion")
+
+
+def auto_class_name(
+    config: dict[str, Any], *, image: bool = False, path: Path | str | None = None
+) -> str:
+    """Which Auto class loads this folder: :data:`CAUSAL_LM` or :data:`IMAGE_TEXT_TO_TEXT`.
+
+    A folder pinned to code (``auto_map``) that names a causal-LM class keeps it (pypto-patch
+    pins families that way); otherwise transformers' causal-LM mapping wins, then its
+    image-text-to-text one: a VL checkpoint such as ``qwen3_vl`` maps only there, and so do
+    transformers' block-diffusion classes. ``image`` (``--image``) asks for the whole VL
+    model, so the image-text-to-text class wins when the folder has one.
+
+    Raises ``BadInputError`` for ``--image`` on a model without an image-text-to-text
+    class, and ``ModelLoadError`` naming the model type and the fix for a model neither
+    class can load (instead of transformers' list of every configuration it knows).
+    """
     model_type = str(config.get("model_type") or "")
-    try:
-        from transformers.models.auto.modeling_auto import (
-            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    raw_map = config.get("auto_map")
+    auto_map: dict[str, Any] = raw_map if isinstance(raw_map, dict) else {}
+    causal = _mapped_class(CAUSAL_LM, model_type) if model_type else None
+    itt = _mapped_class(IMAGE_TEXT_TO_TEXT, model_type) if model_type else None
+    if is_block_diffusion_class(itt) and not image:
+        return CAUSAL_LM if causal else IMAGE_TEXT_TO_TEXT
+    has_itt = IMAGE_TEXT_TO_TEXT in auto_map or (
+        itt is not None and not is_block_diffusion_class(itt)
+    )
+    where = f" at {path}" if path else ""
+    if image:
+        if has_itt:
+            return IMAGE_TEXT_TO_TEXT
+        raise BadInputError(
+            f"--image needs a vision-language model: model type {model_type or '?'!r}{where} "
+            "has no image-text-to-text class (drop --image to bench it on text prompts)"
         )
-    except ImportError:  # pragma: no cover - every supported transformers has them
-        return AutoModelForCausalLM
-    if (
-        model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-        and str(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES[model_type]).endswith(
-            "ForBlockDiffusion"
-        )
-    ):
-        from transformers import AutoModelForImageTextToText
+    if CAUSAL_LM in auto_map or causal:
+        return CAUSAL_LM
+    if has_itt:
+        return IMAGE_TEXT_TO_TEXT
+    import transformers
+    from transformers import CONFIG_MAPPING
 
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
+    version = transformers.__version__
+    if not model_type:
+        raise ModelLoadError(
+            f"config.json{where} names no model_type, so no transformers class can be picked: "
+            "re-download the model"
+        )
+    if model_type in CONFIG_MAPPING:
+        config_class = CONFIG_MAPPING[model_type].__name__
+        raise ModelLoadError(
+            f"model type {model_type!r} ({config_class}){where} has no causal-LM or "
+            f"image-text-to-text class in transformers {version}, so pypto-bench cannot "
+            "generate with it: pin the folder to modeling code that provides one "
+            "(pypto-patch apply, then --trust-remote-code) or bench a generative checkpoint"
+        )
+    if auto_map:
+        raise ModelLoadError(
+            f"the code model type {model_type!r}{where} ships names no {CAUSAL_LM} or "
+            f"{IMAGE_TEXT_TO_TEXT} in its auto_map (it has {', '.join(sorted(auto_map))}): "
+            "pin the folder to modeling code that provides one (pypto-patch apply)"
+        )
+    raise ModelLoadError(
+        f"model type {model_type!r}{where} is unknown to transformers {version} and the folder "
+        "ships no code for it (no auto_map): upgrade transformers (pip install -U "
+        "'transformers<6') or pin the folder to modeling code (pypto-patch apply)"
+    )
+
+
+def _auto_class(config: dict[str, Any], *, image: bool = False) -> Any:
+    """The Auto class :func:`auto_class_name` picks (AutoModelForCausalLM by default)."""
+    import transformers
+
+    return getattr(transformers, auto_class_name(config, image=image))
+
+
+def _short_transformers_error(msg: str) -> str:
+    """transformers' unrecognized-configuration errors list every type it knows (300+):
+    keep the sentence that names the problem."""
+    for cut in ("Model type should be one of", "Should have a `model_type` key"):
+        if cut in msg:
+            return msg.split(cut, 1)[0].strip().rstrip(".")
+    return msg
 
 
 def load_model(
@@ -134,8 +233,14 @@ def load_model(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    image: bool = False,
 ) -> LoadedModel:
-    """Load model + tokenizer offline onto ``device`` in eval mode."""
+    """Load model + tokenizer offline onto ``device`` in eval mode.
+
+    ``image`` (``--image``): load a vision-language checkpoint through its
+    image-text-to-text class even where a causal-LM class exists, so the vision tower is
+    there; a model without one is a ``BadInputError`` before anything loads.
+    """
     import time
 
     path = check_model_folder(model_path)
@@ -146,9 +251,11 @@ def load_model(
             f"model type {config.get('model_type')!r} at {path} ships its own code: "
             "rerun with --trust-remote-code if you trust that folder"
         )
+    import transformers
     from transformers import AutoTokenizer
 
-    auto_class = _auto_class(config)
+    auto_name = auto_class_name(config, image=image, path=path)
+    auto_class = getattr(transformers, auto_name)
     kwargs: dict[str, Any] = {
         "local_files_only": True,
         "trust_remote_code": trust_remote_code,
@@ -163,12 +270,14 @@ def load_model(
         )
         model = auto_class.from_pretrained(str(path), **kwargs)
     except Exception as err:  # transformers raises many unrelated types here
-        msg = redact(" ".join(str(err).split()))
+        msg = _short_transformers_error(redact(" ".join(str(err).split())))
         if "trust_remote_code" in msg and not trust_remote_code:
             raise ModelLoadError(
                 f"{path} needs its own code to load: rerun with --trust-remote-code if you trust it"
             ) from err
-        raise ModelLoadError(f"loading {path} failed: {type(err).__name__}: {msg[:300]}") from err
+        raise ModelLoadError(
+            f"loading {path} with {auto_name} failed: {type(err).__name__}: {msg[:300]}"
+        ) from err
     try:
         model.to(device)
     except Exception as err:
@@ -177,9 +286,18 @@ def load_model(
         ) from err
     ready_for_inference(model, tokenizer)
     seconds = time.perf_counter() - start
-    log.info("loaded %s (%s) in %.2fs", path, type(model).__name__, seconds)
+    vision_language = auto_name == IMAGE_TEXT_TO_TEXT and not is_block_diffusion_class(
+        type(model).__name__
+    )
+    log.info("loaded %s (%s via %s) in %.2fs", path, type(model).__name__, auto_name, seconds)
     return LoadedModel(
-        model=model, tokenizer=tokenizer, path=path, config=config, load_seconds=seconds
+        model=model,
+        tokenizer=tokenizer,
+        path=path,
+        config=config,
+        load_seconds=seconds,
+        auto_class=auto_name,
+        vision_language=vision_language,
     )
 
 

@@ -28,7 +28,7 @@ from .errors import BadInputError, ReportPathError, ReportWriteError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -105,6 +105,17 @@ class Report:
                 f"{a['name']} (batch {entry['batch']})" for a in entry["arms"] if not a["ok"]
             ]
         return failed
+
+    @property
+    def failed_arm_causes(self) -> list[str]:
+        """:attr:`failed_arms`, each with the exception under its failure where known:
+        ``"graph (KeyError: 'full_attention')"``, the one line a CLI ends a failed run with."""
+        out = []
+        for name in self.failed_arms:
+            arm = self.arm(name)
+            cause = underlying_error(arm.explanation) if arm is not None else None
+            out.append(f"{name} ({cause})" if cause else name)
+        return out
 
     def finish(self) -> None:
         """Ratios to eager and the overall verdict (any failed arm -> not ok)."""
@@ -569,6 +580,17 @@ def _diffusion_rows(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def underlying_error(explanation: dict[str, Any] | None) -> str | None:
+    """``"KeyError: 'full_attention'"``: the exception under a failure's wrappers, from its
+    explanation dict (``cause_type`` / ``cause_message``). None when unknown, or when the
+    report came from a pypto-capture that did not record it."""
+    kind = (explanation or {}).get("cause_type")
+    if not kind:
+        return None
+    message = (explanation or {}).get("cause_message")
+    return f"{kind}: {message}" if message else str(kind)
+
+
 def format_table(report: Report | dict[str, Any]) -> str:
     """Plain-text table for the terminal."""
     data = _as_dict(report)
@@ -588,6 +610,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
             f"denoising steps {row[4]}, forward passes {row[5]}, steps per block [{row[6]}]"
         )
     lines += _noise_lines(data)
+    vl = vl_line(data)
+    if vl:
+        lines.append(vl)
     note = _memory_note(data)
     if note:
         lines.append(note)
@@ -603,6 +628,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
         if not arm["ok"]:
             lines.append(f"{arm['name']}: {arm.get('error')}")
             expl = arm.get("explanation") or {}
+            underlying = underlying_error(expl)
+            if underlying and underlying not in str(arm.get("error")):
+                lines.append(f"  underlying error: {underlying}")
             if expl.get("matched"):
                 lines.append(f"  cause: {expl.get('cause')}  fix: {expl.get('fix')}")
             stage = (arm.get("bisect") or {}).get("failed_stage")
@@ -671,10 +699,30 @@ def _kv_cache_line(arm: dict[str, Any]) -> str | None:
     if not cache:
         return None
     slots = ", ".join(f"{t} {n}" for t, n in cache.get("slots_per_type", {}).items())
-    return (
-        f"KV cache: {cache.get('pattern')}; slots per layer type: {slots}; "
-        f"{cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
-    )
+    line = f"KV cache: {cache.get('pattern')}; slots per layer type: {slots or 'none'}; "
+    states = _state_summary(cache.get("layers") or [])
+    if states:
+        # Recurrent layers (linear attention, SSM, short conv): fixed-shape states, read and
+        # written by every step whatever the context length.
+        line += f"recurrent state per layer type: {states}; "
+        line += f"states {cache.get('state_bytes', 0) / 2**20:.2f} MiB, "
+    return line + f"{cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
+
+
+def _state_summary(layers: list[dict[str, Any]]) -> str:
+    """``linear_attention x2: conv [1, 96, 4], recurrent [1, 4, 16, 16]`` per layer type."""
+    by_type: dict[str, tuple[int, str]] = {}
+    for entry in layers:
+        states = entry.get("states")
+        if not states:
+            continue
+        shapes = ", ".join(
+            f"{name} " + " + ".join(str(list(shape)) for shape in shapes)
+            for name, shapes in states.items()
+        )
+        count, _ = by_type.get(entry.get("type", "?"), (0, shapes))
+        by_type[entry.get("type", "?")] = (count + 1, shapes)
+    return "; ".join(f"{t} x{n}: {shapes}" for t, (n, shapes) in by_type.items())
 
 
 def report_to_markdown(report: Report | dict[str, Any]) -> str:
@@ -732,6 +780,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
         ]
         lines += ["| " + " | ".join(r) + " |" for r in sweep]
     lines += _noise_markdown(data)
+    vl = vl_line(data)
+    if vl:
+        lines += ["", f"- {vl}"]
     if data.get("distributed"):
         lines += ["", "```", *_distributed_lines(data), "```"]
     note = _memory_note(data)
@@ -749,12 +800,37 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
     failed = [a for a in data["arms"] if not a["ok"]]
     for arm in failed:
         lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")
+        underlying = underlying_error(arm.get("explanation"))
+        if underlying and underlying not in str(arm.get("error")):
+            lines.append(f"  (underlying error: `{underlying}`)")
     warnings = list(data.get("warnings", [])) + [
         w for a in data["arms"] for w in a.get("warnings", [])
     ]
     for w in warnings:
         lines.append(f"- warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def vl_line(data: Report | dict[str, Any]) -> str | None:
+    """What of a vision-language model was benched (``model.vl``), or None for other models.
+
+    A VL checkpoint's numbers without an image are its language model's: the line says so,
+    so a reader does not take them for the whole model's.
+    """
+    vl = (_as_dict(data).get("model") or {}).get("vl")
+    if not vl:
+        return None
+    line = f"vision-language model {vl.get('class')}: benched its {vl.get('benched')}"
+    img = vl.get("image")
+    if img:
+        line += (
+            f" ({Path(str(img.get('path'))).name}, {img.get('width')}x{img.get('height')} "
+            f"{img.get('format')}; {img.get('image_tokens')} image tokens of "
+            f"{img.get('prompt_tokens')} per row; inputs by {img.get('processor')})"
+        )
+    else:
+        line += " (no image: pass --image FILE in the prefill regime to run the vision tower too)"
+    return line
 
 
 def _noise_markdown(data: dict[str, Any]) -> list[str]:

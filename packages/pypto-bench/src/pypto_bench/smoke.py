@@ -17,6 +17,7 @@ from pypto_common import redact
 
 from .coherence import coherence_score, degenerate_reason
 from .errors import EXIT, BenchError
+from .vision import DEFAULT_IMAGE_PROMPT
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class SmokeResult:
     #: How the text was generated: "generate" (autoregressive, greedy) or the diffusion
     #: path the model took (a block-diffusion model has no autoregressive generate).
     generation_path: str | None = None
+    #: A vision-language model loaded whole: its class and what ran (``vision.vl_info``);
+    #: with --image also the image prompt's figures and ``logits_finite``.
+    vl: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,19 +70,32 @@ def smoke(
     attn_implementation: str | None = None,
     strict: bool = False,
     min_coherence: float = DEFAULT_MIN_COHERENCE,
+    image: str | Path | None = None,
+    image_prompt: str = DEFAULT_IMAGE_PROMPT,
 ) -> SmokeResult:
     """Load, generate ``max_new_tokens`` greedily, check the output.
 
-    Bad input (missing folder, unknown device) raises; every failure of the model itself
-    is a ``SmokeResult`` with ``passed=False`` so callers can report it uniformly.
+    ``image`` (a vision-language model): after the text generation, one forward of the
+    whole model on ``image`` + ``image_prompt`` (built with the folder's processor), whose
+    logits must be finite.
+
+    Bad input (missing folder, unknown device, an unreadable image, --image on a model
+    without vision) raises; every failure of the model itself is a ``SmokeResult`` with
+    ``passed=False`` so callers can report it uniformly.
     """
     from .environment import open_device, prepare_device_env
     from .errors import BadInputError
-    from .loading import check_model_folder, load_model
+    from .loading import auto_class_name, check_model_folder, load_model, read_model_config
 
     if max_new_tokens < 1:
         raise BadInputError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
-    check_model_folder(model_path)
+    folder = check_model_folder(model_path)
+    picture = None
+    if image is not None:
+        from .vision import read_image
+
+        picture = read_image(image)
+        auto_class_name(read_model_config(folder), image=True, path=folder)
     prepare_device_env(device)
     dev = open_device(device)
 
@@ -99,6 +116,7 @@ def smoke(
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             attn_implementation=attn_implementation,
+            image=picture is not None,
         )
     except BadInputError:
         raise
@@ -107,6 +125,19 @@ def smoke(
         return result
     result.model_class = type(loaded.model).__name__
     result.load_seconds = round(loaded.load_seconds, 4)
+    prompter = None
+    if picture is not None:
+        from .vision import load_image_prompter
+
+        # A folder without a usable processor is bad input (or a missing package), not a
+        # broken model: raised (BadInputError / EnvironmentMissingError), like a bad image.
+        prompter = load_image_prompter(
+            loaded.path, loaded.config, loaded.tokenizer, trust_remote_code=trust_remote_code
+        )
+    if loaded.vision_language:
+        from .vision import vl_info
+
+        result.vl = vl_info(loaded.model)
 
     result.stage, result.exit_code = "generate", EXIT.GENERATION_FAILED
     try:
@@ -125,6 +156,22 @@ def smoke(
     if not finite:
         result.reason = "generation produced non-finite logits (NaN/Inf): check dtype and kernels"
         return result
+    if picture is not None and prompter is not None:
+        try:
+            info, image_finite = _image_forward(loaded.model, prompter, picture, image_prompt, dev)
+        except Exception as err:
+            result.reason = redact(
+                f"the image prompt's forward failed: {type(err).__name__}: "
+                f"{' '.join(str(err).split())[:300]}"
+            )
+            return result
+        result.vl = info
+        if not image_finite:
+            result.reason = (
+                "the image prompt produced non-finite logits (NaN/Inf): check dtype and the "
+                "vision tower's kernels"
+            )
+            return result
 
     result.stage, result.exit_code = "check", EXIT.DEGENERATE
     reason = degenerate_reason(ids, result.text)
@@ -138,6 +185,37 @@ def smoke(
         return result
     result.passed, result.exit_code, result.stage = True, EXIT.OK, "done"
     return result
+
+
+def _image_forward(
+    model: Any, prompter: Any, picture: Any, text: str, device: Any
+) -> tuple[dict[str, Any], bool]:
+    """One forward of the whole VL model on the image prompt: (``vl`` info, logits finite)."""
+    import inspect
+
+    import torch
+
+    from .vision import vl_info
+
+    accepted = set(inspect.signature(model.forward).parameters)
+    dtype = next(model.parameters()).dtype
+    inputs: dict[str, Any] = {}
+    for key, value in prompter.inputs(picture.image, text, 1, accepted).items():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+            if value.is_floating_point():
+                value = value.to(dtype)
+        inputs[key] = value
+    start = time.perf_counter()
+    with torch.inference_mode():
+        logits = model(**inputs, use_cache=False).logits
+    seconds = time.perf_counter() - start
+    finite = bool(torch.isfinite(logits).all())
+    info = vl_info(model, image=picture, prompter=prompter, inputs=inputs)
+    info["image"]["logits_finite"] = finite
+    info["image"]["forward_seconds"] = round(seconds, 4)
+    info["image"]["prompt"] = text
+    return info, finite
 
 
 def _generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int, device: Any):

@@ -621,7 +621,14 @@ def _linear_attrs(base: type) -> tuple[str, ...]:
 #: Attention-side attributes of transformers' hybrid prefill layers that a capture-safe
 #: layer owns itself (its ring replaces them).
 _RING_ATTRS = frozenset(
-    {"keys", "values", "is_initialized", "cumulative_length", "cumulative_length_int", "sliding_window"}
+    {
+        "keys",
+        "values",
+        "is_initialized",
+        "cumulative_length",
+        "cumulative_length_int",
+        "sliding_window",
+    }
 )
 
 

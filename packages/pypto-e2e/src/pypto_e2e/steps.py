@@ -225,6 +225,9 @@ def do_smoke(state: RunState) -> StepResult:
     }
     if c.prompt:
         kwargs["prompt"] = c.prompt
+    if c.bench.image:
+        # The gate also runs the image prompt the bench step will measure.
+        kwargs["image"] = c.bench.image
     try:
         result = smoke(state.model_path(), **kwargs)
     except BenchError as err:
