@@ -40,6 +40,17 @@ _VOCAB = len(SPECIAL_TOKENS) + 256
 _IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 _ATTN = {"num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
 
+# Gated DeltaNet layers (Qwen3-Next / Qwen3.5 / Qwen3.6): 2 key heads shared by 4 value
+# heads (the GQA-like grouping of the published models), head dims 16, a 4-tap conv.
+_GATED_DELTANET = {
+    "head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
 # model type -> (what it mixes, config values). Values are the installed config class's own
 # argument names; widths are the smallest that keep every code path (GQA, grouped SSM heads,
 # MoE top-k < experts).
@@ -51,12 +62,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "intermediate_size": 96,
             "num_hidden_layers": 2,
             "layer_types": ["linear_attention", "full_attention"],
-            "head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
+            **_GATED_DELTANET,
             "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 32,
             "num_experts": 4,
@@ -73,12 +79,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "intermediate_size": 96,
             "num_hidden_layers": 2,
             "layer_types": ["linear_attention", "full_attention"],
-            "head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
+            **_GATED_DELTANET,
             **_ATTN,
         },
     },
@@ -88,12 +89,7 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             "hidden_size": 64,
             "num_hidden_layers": 2,
             "layer_types": ["linear_attention", "full_attention"],
-            "head_dim": 16,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
+            **_GATED_DELTANET,
             "moe_intermediate_size": 32,
             "shared_expert_intermediate_size": 32,
             "num_experts": 4,
