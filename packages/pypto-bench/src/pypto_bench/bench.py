@@ -1269,7 +1269,9 @@ def _fill_roofline(ctx: _Ctx, report: Report) -> None:
         flops_per_token = None
         if params_per_token:
             try:
-                flops = attention_flops_per_token(ctx.model, context)
+                flops = attention_flops_per_token(
+                    ctx.model, context, probe["attention_layers"] if probe else None
+                )
                 flops_per_token = 2.0 * params_per_token + flops
             except Exception as err:
                 arm.warnings.append(f"{arm.name}: compute ceiling skipped: {err}")

@@ -251,8 +251,10 @@ def cache_bytes_probe(model: Any, batch: int, device: Any) -> dict[str, int] | N
     layers = getattr(cache, "layers", None)
     if not layers:
         return None
-    kv = state = 0
+    kv = state = attending = 0
     for layer in layers:
+        keys = getattr(layer, "keys", None)
+        attending += int(isinstance(keys, torch.Tensor) and keys.dim() == 4)
         if isinstance(layer, LinearAttentionCacheLayerMixin):
             for name in ("conv_states", "recurrent_states"):
                 value = getattr(layer, name, None)
@@ -265,14 +267,17 @@ def cache_bytes_probe(model: Any, batch: int, device: Any) -> dict[str, int] | N
                 kv += t.numel() * t.element_size() // max(t.shape[-2], 1)
     if not state:
         return None
-    return {"kv_bytes_per_token": kv // batch, "state_bytes": state}
+    return {"kv_bytes_per_token": kv // batch, "state_bytes": state, "attention_layers": attending}
 
 
-def attention_flops_per_token(model: Any, context_tokens: float) -> float:
+def attention_flops_per_token(
+    model: Any, context_tokens: float, attention_layers: int | None = None
+) -> float:
     """FLOPs one decoded token spends attending over ``context_tokens`` positions:
-    QK^T and AV, 2 x 2 x heads x head_dim per position, in every layer."""
+    QK^T and AV, 2 x 2 x heads x head_dim per position, in every layer that attends
+    (``attention_layers``: a hybrid's count, from its cache; default every layer)."""
     cfg = _text_config(model)
-    layers = int(cfg.num_hidden_layers)
+    layers = int(cfg.num_hidden_layers) if attention_layers is None else attention_layers
     heads = int(getattr(cfg, "num_attention_heads", 1))
     head_dim = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads)
     return 4.0 * layers * heads * head_dim * float(context_tokens)
