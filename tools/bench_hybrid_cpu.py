@@ -102,12 +102,9 @@ def main() -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every report here")
     args = parser.parse_args()
 
-    import torch
-
     from pypto_bench import BenchConfig, run_bench
     from pypto_testing.architectures import make_tiny_architecture
 
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
     rows, reports = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
