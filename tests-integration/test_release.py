@@ -15,6 +15,8 @@ must not appear in any output or file.
 
 from __future__ import annotations
 
+import base64
+import http.server
 import importlib.util
 import json
 import os
@@ -25,11 +27,14 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import tomllib
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+from urllib.parse import quote
 
 import pytest
 
@@ -433,7 +438,7 @@ class Loopback:
     def ensure_released(self, name: str) -> None:
         version = rel.load_package(self.repo / "packages" / name).version
         if f"{name}-v{version}" not in self.tags():
-            proc = self.release(name)
+            proc = self.release(name, "--with-deps")  # and its unreleased siblings
             assert proc.returncode == OK, proc.stderr
 
     def tags(self) -> list[str]:
@@ -444,13 +449,20 @@ class Loopback:
 
 
 @pytest.fixture(scope="module")
-def loopback(tmp_path_factory):
+def tools_python(tmp_path_factory) -> Path:
+    """A venv with exactly what the release tool runs (build, hatchling, twine), the
+    loopback index, and this checkout's pypto-common."""
+    python = _venv(tmp_path_factory.mktemp("release-tools") / "venv")
+    _pip(python, "-r", str(ROOT / "tools" / "release-test-requirements.txt"))
+    _pip(python, str(ROOT / "packages" / "pypto-common"))
+    return python
+
+
+@pytest.fixture(scope="module")
+def loopback(tmp_path_factory, tools_python):
     work = tmp_path_factory.mktemp("release")
     repo = work / "repo"
     _copy_tree(repo)
-    tools_python = _venv(work / "tools-venv")
-    _pip(tools_python, "-r", str(repo / "tools" / "release-test-requirements.txt"))
-    _pip(tools_python, str(repo / "packages" / "pypto-common"))
 
     token = "pypi-" + secrets.token_urlsafe(32)
     htpasswd = work / "htpasswd"
@@ -588,18 +600,27 @@ def test_every_package_builds_and_passes_twine_check_in_one_dry_run(loopback):
 
 
 @pytest.mark.slow
-def test_capture_released_alone_installs_from_the_index_next_to_torch_and_captures(
+def test_capture_waits_for_common_then_installs_from_the_index_next_to_torch_and_captures(
     loopback, target
 ):
+    # pypto-capture needs pypto-common (stdlib only): refused until it is on the index.
+    proc = loopback.release("pypto-capture", "--dry-run")
+    assert proc.returncode == USAGE
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "release pypto-common first" in proc.stderr
+    assert loopback.index_files() == {}
+    loopback.ensure_released("pypto-common")
+    common_files = loopback.index_files()
+
     proc = loopback.release("pypto-capture", "--dry-run")
     assert proc.returncode == OK, proc.stderr
-    assert loopback.index_files() == {}
+    assert loopback.index_files() == common_files
 
     proc = loopback.release("pypto-capture")
     assert proc.returncode == OK, proc.stderr
     assert proc.stdout == "pypto-capture-v0.1.0\n"
     assert "pypto-capture-v0.1.0" in loopback.tags()
-    assert sorted(loopback.index_files()) == [
+    assert sorted(set(loopback.index_files()) - set(common_files)) == [
         "pypto_capture-0.1.0-py3-none-any.whl",
         "pypto_capture-0.1.0.tar.gz",
     ]
@@ -608,7 +629,10 @@ def test_capture_released_alone_installs_from_the_index_next_to_torch_and_captur
     assert f"{loopback.url}packages/pypto_capture-0.1.0-py3-none-any.whl" in out
     installed = _installed(target)
     assert installed["pypto-capture"] == "0.1.0"
-    assert [n for n in installed if n.startswith("pypto")] == ["pypto-capture"]
+    assert sorted(n for n in installed if n.startswith("pypto")) == [
+        "pypto-capture",
+        "pypto-common",
+    ]
     assert "transformers" not in installed
 
     script = textwrap.dedent(
@@ -646,15 +670,17 @@ def test_download_and_patch_wait_for_common_then_install_from_the_index_and_run(
     from pypto_download import EXIT as DOWNLOAD_EXIT
     from pypto_patch import EXIT as PATCH_EXIT
 
-    before = loopback.index_files()
-    proc = loopback.release("pypto-download")
-    assert proc.returncode == USAGE
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert "release pypto-common first" in proc.stderr
-    assert loopback.index_files() == before
-    assert "pypto-download-v0.1.0" not in loopback.tags()
+    if "pypto-common-v0.1.0" not in loopback.tags():  # run alone: the capture test did not
+        before = loopback.index_files()
+        proc = loopback.release("pypto-download")
+        assert proc.returncode == USAGE
+        assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        assert "release pypto-common first" in proc.stderr
+        assert loopback.index_files() == before
+        assert "pypto-download-v0.1.0" not in loopback.tags()
+    loopback.ensure_released("pypto-common")
 
-    for name in ("pypto-common", "pypto-download", "pypto-patch"):
+    for name in ("pypto-download", "pypto-patch"):
         proc = loopback.release(name)
         assert proc.returncode == OK, proc.stderr
         assert proc.stdout == f"{name}-v0.1.0\n"
@@ -798,3 +824,108 @@ def test_nox_release_refuses_a_credential_on_its_command_line_without_printing_i
         assert secret not in out
     assert "Running command" not in out
     assert "tools/release.py" not in out
+
+
+# --------------------------------------------------------------------------- an index that echoes
+
+
+class _EchoingIndex(http.server.BaseHTTPRequestHandler):
+    """Refuses every upload with 403 and echoes the credentials back in every form a real
+    server or proxy might: the header in the status line and the body, the decoded
+    ``user:password``, the password alone, URL-encoded, and wrapped over lines."""
+
+    seen: ClassVar[list[str]] = []
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        header = self.headers.get("Authorization", "")
+        self.seen.append(header)
+        decoded = base64.b64decode(header.split()[-1]).decode() if " " in header else ""
+        password = decoded.partition(":")[2]
+        body = "\n".join(
+            [
+                "fake-index-says: forbidden",
+                f"you sent Authorization: {header}",
+                f"which decodes to {decoded}",
+                f"password={password} url-encoded={quote(password, safe='')}",
+                f"base64 of the password alone: {base64.b64encode(password.encode()).decode()}",
+                "wrapped at 29, indented:",
+                textwrap.indent("\n".join(_chunks(f"credentials {decoded}", 29)), "    "),
+                "wrapped at 80, prefixed:",
+                "\n".join("| " + ln for ln in _chunks(f"Authorization: {header} refused", 80)),
+            ]
+        ).encode()
+        self.send_response(403, f"Forbidden: {header} is not allowed")
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _chunks(text: str, width: int) -> list[str]:
+    return [text[i : i + width] for i in range(0, len(text), width)]
+
+
+@pytest.fixture
+def echoing_index():
+    _EchoingIndex.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingIndex)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/legacy/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def _leaks(text: str, token: str) -> list[str]:
+    """Every form of ``token`` found in ``text``: an 8-character piece of it, of its
+    base64 (alone or after ``__token__:``, the part the token decides), of its
+    URL-encoding."""
+    basic = base64.b64encode(f"__token__:{token}".encode()).decode()
+    decided = basic[16:]  # "__token__:" is 10 bytes: the groups from byte 12 on are the token's
+    alone = base64.b64encode(token.encode()).decode()[:-4]
+    forms = (token, quote(token, safe=""), alone, decided)
+    return [f[i : i + 8] for f in forms for i in range(len(f) - 7) if f[i : i + 8] in text]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [["-v"], ["-vv"], ["--json"], ["--json", "-vv"]])
+def test_the_token_never_prints_when_the_index_echoes_it_back(
+    tools_python, echoing_index, tmp_path, flags
+):
+    """Issue 27 item 2: twine with --verbose prints the index's answer wrapped at 80
+    columns, and the Authorization header carries base64(__token__:<token>)."""
+    repo = tmp_path / "repo"
+    _write_package(repo, "pypto-alpha", "0.1.0")
+    _init_repo(repo)
+    token = "pypi-" + secrets.token_urlsafe(40) + "+/="
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    env.update({TOKEN_ENV: token, "TMPDIR": str(tmp_path)})
+    proc = subprocess.run(
+        [str(tools_python), str(ROOT / "tools" / "release.py"), "pypto-alpha", "--root",
+         str(repo), "--repository-url", echoing_index, *flags],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    print(proc.stdout, proc.stderr, sep="\n")
+    # The upload reached the index with the token, and the index's answer was printed.
+    assert [base64.b64decode(h.split()[-1]).decode() for h in _EchoingIndex.seen] == [
+        f"__token__:{token}"
+    ]
+    assert proc.returncode == FAILED, proc.stderr
+    assert "refused the upload token for pypto-alpha 0.1.0" in proc.stderr
+    if "-vv" in flags or "-v" in flags:
+        assert "fake-index-says: forbidden" in proc.stderr
+    if "--json" in flags:
+        assert "refused the upload token" in json.loads(proc.stdout)["error"]
+    for name, text in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+        assert _leaks(text, token) == [], name
+    assert _git(repo, "tag", "--list") == ""

@@ -544,8 +544,12 @@ def _run_tool(
 
 
 def _tail(proc: subprocess.CompletedProcess[str], secrets: Sequence[str]) -> str:
-    """The line of a tool's output that says what went wrong, redacted."""
-    text = _ANSI.sub("", f"{proc.stdout}\n{proc.stderr}")
+    """The line of a tool's output that says what went wrong, redacted.
+
+    The whole output is redacted before a line is picked: a secret the tool wrapped over
+    several lines is only recognisable as a whole, never from one of its lines alone.
+    """
+    text = redact(_ANSI.sub("", f"{proc.stdout}\n{proc.stderr}"), secrets)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     marked = [ln for ln in lines if re.search(r"\b(ERROR|FAILED|Error|error)\b", ln)]
     pick = (marked or lines or [f"exit code {proc.returncode}"])[-1]

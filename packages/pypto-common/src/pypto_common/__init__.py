@@ -16,7 +16,17 @@ from .exitcodes import (
     ExitCode,
     ExitCodeTable,
 )
-from .files import atomic_write_text
+from .files import (
+    MAX_INT_DIGITS,
+    MAX_JSON_DEPTH,
+    UntrustedFileError,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    json_depth,
+    loads_bounded,
+    read_regular_file,
+)
 from .folder import (
     DOWNLOAD_STATE_DIR,
     PATCH_JOURNAL,
@@ -39,6 +49,7 @@ from .redact import (
     redact_argv,
     redact_obj,
     redact_url,
+    secret_forms,
 )
 from .shell import export_line
 
@@ -51,6 +62,8 @@ __all__ = [
     "EXIT_RANGES",
     "FAILED",
     "MASK",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_DEPTH",
     "OK",
     "PATCH_JOURNAL",
     "PATCH_LOCK",
@@ -67,18 +80,25 @@ __all__ = [
     "NpuApi",
     "NpuName",
     "RedactingFilter",
+    "UntrustedFileError",
     "__version__",
     "add_verbosity_flags",
+    "atomic_write",
+    "atomic_write_bytes",
     "atomic_write_text",
     "cli_logging",
     "configure_cli_logging",
     "export_line",
+    "json_depth",
     "known_secrets",
+    "loads_bounded",
     "parse_table",
     "parse_version",
+    "read_regular_file",
     "redact",
     "redact_argv",
     "redact_obj",
     "redact_url",
+    "secret_forms",
     "tool_owned_reason",
 ]

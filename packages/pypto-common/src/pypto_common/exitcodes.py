@@ -37,6 +37,7 @@ EXIT_RANGES: dict[str, range] = {
     "pypto-e2e": range(60, 70),
     "pypto-gutenocr": range(70, 80),
     "pypto-tune": range(80, 90),
+    "pypto-capture": range(90, 100),
 }
 
 

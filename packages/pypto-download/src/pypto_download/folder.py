@@ -24,13 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from pypto_common import DOWNLOAD_STATE_DIR, PATCH_MANIFEST, tool_owned_reason
+from pypto_common.lock import FileLock, LockHeldError
+from pypto_common.lock import make_dirs as common_make_dirs
 
 from .errors import FolderBusyError, OutputPathError
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None  # type: ignore[assignment]
+__all__ = [
+    "LOCK_RELPATH",
+    "FolderLock",
+    "PatchState",
+    "cleanup_after_failure",
+    "escaping_link",
+    "files_in",
+    "kept_note",
+    "make_dirs",
+    "patch_state",
+    "reserved_reason",
+]
 
 logger = logging.getLogger("pypto_download")
 
@@ -108,90 +118,53 @@ def patch_state(out: Path) -> PatchState | None:
 def make_dirs(out: Path) -> Path | None:
     """Create ``out`` and its missing parents; return the topmost one this call created.
 
-    Only what this call really created is ever removed after a failure: a folder that
-    appeared meanwhile (another run) is not ours.
+    ``pypto_common.lock.make_dirs`` with pypto-download's errors: only what this call
+    really created is ever removed after a failure.
     """
-    missing: list[Path] = []
-    probe = out
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    created: Path | None = None
-    for d in reversed(missing):
-        try:
-            os.mkdir(d)
-        except FileExistsError:
-            if not d.is_dir():
-                raise OutputPathError(f"cannot create {out}: {d} is a file, not a folder") from None
-            continue
-        except OSError as err:
-            if err.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            raise OutputPathError(
-                f"cannot create {out} ({err.strerror}): choose another --output-dir"
-            ) from None
-        if created is None:
-            created = d
-    return created
+    try:
+        return common_make_dirs(out)
+    except NotADirectoryError as err:
+        raise OutputPathError(f"cannot create {out}: {err.strerror}") from None
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise OutputPathError(
+            f"cannot create {out} ({err.strerror}): choose another --output-dir"
+        ) from None
 
 
 class FolderLock:
-    """A non-blocking exclusive lock on the output folder, released on close or death."""
+    """pypto_common's :class:`~pypto_common.lock.FileLock` on ``.cache/pypto-download/lock``.
+
+    Non-blocking and exclusive; the kernel releases it on close or when its holder dies.
+    """
 
     def __init__(self, out: Path) -> None:
         self.out = out
         self.path = out / LOCK_RELPATH
-        self._fd: int | None = None
+        self._lock = FileLock(self.path)
 
     def acquire(self) -> None:
-        if fcntl is None:  # pragma: no cover - not POSIX: no lock, as before
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # The holder before us may remove the folder it created: make it again.
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as err:
-                holder = _read_pid(fd)
-                os.close(fd)
-                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
+                self._lock.acquire()
+                return
+            except FileNotFoundError:
+                continue
+            except LockHeldError as err:
                 raise FolderBusyError(
-                    f"another pypto-download is writing to {self.out} (pid {holder}); "
+                    f"another pypto-download is writing to {self.out} ({err.describe()}); "
                     "wait for it or choose another --output-dir"
                 ) from None
-            # The holder before us may have removed the folder it created: lock the file
-            # that is really at the path, or another run could lock a second one.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                os.close(fd)
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            self._fd = fd
-            return
         raise FolderBusyError(  # pragma: no cover - the folder kept vanishing under us
             f"another pypto-download is writing to {self.out} (pid unknown); "
             "wait for it or choose another --output-dir"
         )
 
     def release(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-
-def _read_pid(fd: int) -> str:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return "unknown"
-    return text if text.isdigit() else "unknown"
+        self._lock.release()
 
 
 # ---------------------------------------------------------------------- after a failure
