@@ -70,7 +70,7 @@ def test_checkpoint_bytes_reads_the_headers_at_the_run_s_dtype(tiny_llama):
     assert checkpoint_bytes(tiny_llama, "bfloat16") == numel * 2
 
 
-def test_checkpoint_bytes_is_unknown_for_hostile_or_broken_weights(tiny_llama, tmp_path):
+def test_checkpoint_bytes_is_unknown_for_hostile_or_broken_weights(tiny_llama, tmp_path, caplog):
     import shutil
 
     outside = tmp_path / "elsewhere.safetensors"
@@ -79,13 +79,83 @@ def test_checkpoint_bytes_is_unknown_for_hostile_or_broken_weights(tiny_llama, t
     linked.mkdir()
     (linked / "model.safetensors").symlink_to(outside)  # a weight file outside the folder
     assert checkpoint_bytes(linked, "auto") is None
+    assert "is a symbolic link no pypto-patch overlay of this folder records" in caplog.text
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{")
     assert checkpoint_bytes(broken, "auto") is None
+    assert "model.safetensors is not a readable safetensors file" in caplog.text
     empty = tmp_path / "empty"
     empty.mkdir()
     assert checkpoint_bytes(empty, "auto") is None  # no weights at all
+
+
+@pytest.fixture
+def sharded_overlay(tiny_llama, tmp_path):
+    """tiny_llama's weights in 2 indexed shards, and a pypto-patch overlay of that folder
+    (its shards and index are links into the source)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from pypto_patch import apply
+    from pypto_testing.checkpoints import write_sharded
+
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(tiny_llama / "config.json", source / "config.json")
+    write_sharded(source, load_file(str(tiny_llama / "model.safetensors")), 2)
+    code = tmp_path / "modeling_pinned.py"
+    code.write_text("class Pinned: pass\n")
+    overlay = tmp_path / "overlay"
+    apply(
+        source,
+        auto_map={"AutoModelForCausalLM": "modeling_pinned.Pinned"},
+        copies={"modeling_pinned.py": code},
+        output_dir=overlay,
+    )
+    return source, overlay
+
+
+def test_checkpoint_bytes_of_a_pinned_overlay_follows_exactly_its_recorded_links(
+    tiny_llama, sharded_overlay, tmp_path
+):
+    from pypto_testing.checkpoints import safetensors_bytes
+    from pypto_testing.folders import folder_bytes
+
+    source, overlay = sharded_overlay
+    assert (overlay / "model-00001-of-00002.safetensors").is_symlink()
+    want = checkpoint_bytes(tiny_llama, "bfloat16")
+    assert want is not None
+    assert checkpoint_bytes(source, "bfloat16") == want
+    assert checkpoint_bytes(overlay, "bfloat16") == want  # through the overlay's links
+    assert checkpoint_bytes(overlay, "auto") == checkpoint_bytes(tiny_llama, "auto")
+    before = folder_bytes(source)
+    # a stray shard the index does not name: not counted, even an unreadable one
+    (source / "model-00003-of-00003.safetensors").write_bytes(
+        safetensors_bytes({"stray.weight": ("F32", [1024, 1024])})
+    )
+    (source / "junk.safetensors").write_bytes(b"\xff" * 16)
+    (overlay / "stray.safetensors").symlink_to(source / "model-00003-of-00003.safetensors")
+    assert checkpoint_bytes(source, "bfloat16") == want
+    assert checkpoint_bytes(overlay, "bfloat16") == want
+    # a link planted in the overlay in place of a recorded one: never followed
+    planted = tmp_path / "planted.safetensors"
+    planted.write_bytes((source / "model-00002-of-00002.safetensors").read_bytes())
+    (overlay / "model-00002-of-00002.safetensors").unlink()
+    (overlay / "model-00002-of-00002.safetensors").symlink_to(planted)
+    assert checkpoint_bytes(overlay, "bfloat16") is None
+    after = folder_bytes(source)  # nothing read was changed
+    del after["model-00003-of-00003.safetensors"], after["junk.safetensors"]
+    assert after == before
+
+
+def test_an_unreadable_indexed_shard_makes_the_size_unknown_and_says_why(sharded_overlay, caplog):
+    source, _ = sharded_overlay
+    (source / "model-00002-of-00002.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"[1]")
+    assert checkpoint_bytes(source, "bfloat16") is None
+    assert "model-00002-of-00002.safetensors is not a readable safetensors file" in caplog.text
+    assert "the 1-rank baseline is not skipped" in caplog.text
 
 
 def test_the_fit_rule():

@@ -7,13 +7,14 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearForCausalLM
 
 from pypto_models_kimi import KimiConfigError, KimiWeightsError
 from pypto_models_kimi.loading import target_of
 from pypto_models_kimi.modeling import PyptoKimiLinearForCausalLM
+from pypto_testing.checkpoints import index_of, other_shard, poison, rewrite_shard, shard_of
 from pypto_testing.kimi import read_checkpoint
 
 
@@ -107,100 +108,89 @@ def test_the_names_map_as_transformers_conversion_maps_them():
 # --- hostile folders ------------------------------------------------------------------------
 
 
-def _index(folder):
-    return json.loads((folder / "model.safetensors.index.json").read_text())
-
-
-def _shard_with(folder, key):
-    return folder / _index(folder)["weight_map"][key]
-
-
-def _rewrite(shard, change):
-    tensors = load_file(str(shard))
-    change(tensors)
-    save_file(tensors, str(shard), metadata={"format": "pt"})
-
-
-def _other_shard(folder, key):
-    return next(p for p in folder.glob("model-*.safetensors") if p != _shard_with(folder, key))
-
-
 def _break_duplicate(folder):
     """The same tensor in both shards (two downloads mixed)."""
     key = "model.layers.2.self_attn.kv_b_proj.weight"
-    value = load_file(str(_shard_with(folder, key)))[key]
-    _rewrite(_other_shard(folder, key), lambda t: t.update({key: value}))
+    value = load_file(str(shard_of(folder, key)))[key]
+    rewrite_shard(other_shard(folder, key), lambda t: t.update({key: value}))
 
 
 def _break_alias(folder):
     """A tensor under its published and its native name: both would fill one parameter."""
     key = "model.layers.1.self_attn.f_a_proj.weight"
-    value = load_file(str(_shard_with(folder, key)))[key]
+    value = load_file(str(shard_of(folder, key)))[key]
     native = "model.layers.1.self_attn.forget_gate.f_a_proj.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.update({native: value.clone()}))
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({native: value.clone()}))
 
 
 def _break_missing(folder):
     key = "model.layers.2.self_attn.kv_a_layernorm.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.pop(key))
-    index = _index(folder)
+    rewrite_shard(shard_of(folder, key), lambda t: t.pop(key))
+    index = index_of(folder)
     del index["weight_map"][key]
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def _break_missing_expert(folder):
     key = "model.layers.3.block_sparse_moe.experts.6.w3.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.pop(key))
+    rewrite_shard(shard_of(folder, key), lambda t: t.pop(key))
 
 
 def _break_missing_conv(folder):
     key = "model.layers.1.self_attn.k_conv1d.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.pop(key))
+    rewrite_shard(shard_of(folder, key), lambda t: t.pop(key))
 
 
 def _break_nan(folder):
-    key = "model.layers.3.self_attn.o_proj.weight"
-
-    def poison(t):
-        t[key] = t[key].clone()
-        t[key][3, 5] = float("nan")
-
-    _rewrite(_shard_with(folder, key), poison)
+    poison(folder, "model.layers.3.self_attn.o_proj.weight", {(3, 5): float("nan")})
 
 
 def _break_inf(folder):
-    key = "model.layers.4.block_sparse_moe.experts.1.w2.weight"
+    poison(
+        folder,
+        "model.layers.4.block_sparse_moe.experts.1.w2.weight",
+        {(0, 0): float("inf"), (1, 1): float("-inf")},
+    )
 
-    def poison(t):
-        t[key] = t[key].clone()
-        t[key][0, 0] = float("inf")
-        t[key][1, 1] = float("-inf")
 
-    _rewrite(_shard_with(folder, key), poison)
+def _break_scale_beside_bf16(folder):
+    """A block scale beside a weight that is not FP8: applying it would corrupt the weight."""
+    key = "model.layers.2.self_attn.q_proj.weight"
+    scale = "model.layers.2.self_attn.q_proj.weight_scale_inv"
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({scale: torch.full((1, 1), 1000.0)}))
+
+
+def _break_integer_scale(folder):
+    key = "model.layers.2.self_attn.q_proj.weight"
+    scale = "model.layers.2.self_attn.q_proj.weight_scale_inv"
+    rewrite_shard(
+        shard_of(folder, key),
+        lambda t: t.update({scale: torch.ones((1, 1), dtype=torch.int32)}),
+    )
 
 
 def _break_shape(folder):
     key = "model.layers.2.self_attn.kv_b_proj.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.update({key: t[key][:, :16].contiguous()}))
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({key: t[key][:, :16].contiguous()}))
 
 
 def _break_expert_shape(folder):
     key = "model.layers.1.block_sparse_moe.experts.2.w1.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.update({key: t[key][:, :8].contiguous()}))
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({key: t[key][:, :8].contiguous()}))
 
 
 def _break_extra(folder):
     key = "model.layers.0.self_attn.o_proj.weight"
-    _rewrite(
-        _shard_with(folder, key),
+    rewrite_shard(
+        shard_of(folder, key),
         lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": torch.zeros(64)}),
     )
 
 
 def _break_extra_expert(folder):
     key = "model.layers.1.block_sparse_moe.experts.0.w2.weight"
-    _rewrite(
-        _shard_with(folder, key),
+    rewrite_shard(
+        shard_of(folder, key),
         lambda t: t.update({"model.layers.1.block_sparse_moe.experts.8.w2.weight": t[key].clone()}),
     )
 
@@ -210,7 +200,7 @@ def _break_missing_shard(folder):
 
 
 def _break_escaping_index(folder):
-    index = _index(folder)
+    index = index_of(folder)
     index["weight_map"]["lm_head.weight"] = "../outside.safetensors"
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
@@ -233,6 +223,8 @@ BROKEN = [
     (_break_missing_conv, KimiWeightsError, "lacks weights for layer 1 (model.layers.1.self_attn.k_conv1d.weight)", "re-download"),
     (_break_nan, KimiWeightsError, "weight model.layers.3.self_attn.o_proj.weight in model-0000", "1 non-finite value (NaN or inf)"),
     (_break_inf, KimiWeightsError, "model.layers.4.block_sparse_moe.experts.1.w2.weight", "2 non-finite values (NaN or inf)"),
+    (_break_scale_beside_bf16, KimiWeightsError, "model.layers.2.self_attn.q_proj.weight_scale_inv in model-0000", "not FP8"),
+    (_break_integer_scale, KimiWeightsError, "model.layers.2.self_attn.q_proj.weight_scale_inv in model-0000", "is stored as I32, not a float"),
     (_break_shape, KimiWeightsError, "weight model.layers.2.self_attn.kv_b_proj.weight is [128, 16] in the checkpoint but config.json makes it [128, 32]", "re-download"),
     (_break_expert_shape, KimiWeightsError, "parts of model.layers.1.mlp.experts.gate_up_proj do not fit together", "re-download"),
     (_break_extra, KimiWeightsError, "does not describe, for layer 0 (model.layers.0.self_attn.o_proj.bias)", "re-download"),

@@ -6,11 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from pypto_models_minimax import MiniMaxConfigError, MiniMaxWeightsError
 from pypto_models_minimax.loading import dequantize_fp8_blocks
 from pypto_models_minimax.modeling import PyptoMiniMaxM3ForCausalLM, PyptoMiniMaxM27ForCausalLM
+from pypto_testing.checkpoints import other_shard, poison, rewrite_shard, shard_of
 from pypto_testing.minimax import fp8_block_dequantize, fp8_block_quantize, read_checkpoint
 
 
@@ -77,49 +78,71 @@ def test_the_bf16_release_loads_too(m27_bf16):
     )
 
 
-def _shard_with(folder, key):
-    index = json.loads((folder / "model.safetensors.index.json").read_text())
-    return folder / index["weight_map"][key]
-
-
-def _rewrite(shard, change):
-    tensors = load_file(str(shard))
-    change(tensors)
-    save_file(tensors, str(shard), metadata={"format": "pt"})
-
-
 def _break_missing_expert(folder):
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     for key in (
         "model.layers.1.block_sparse_moe.experts.3.w3.weight",
         "model.layers.1.block_sparse_moe.experts.3.w3.weight_scale_inv",
     ):
-        _rewrite(_shard_with(folder, key), lambda t, key=key: t.pop(key))
+        rewrite_shard(shard_of(folder, key), lambda t, key=key: t.pop(key))
         del index["weight_map"][key]
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def _break_shape(folder):
     key = "lm_head.weight"
-    _rewrite(_shard_with(folder, key), lambda t: t.update({key: t[key][:, :128].contiguous()}))
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({key: t[key][:, :128].contiguous()}))
 
 
 def _break_extra(folder):
     key = "model.layers.0.self_attn.o_proj.weight"
-    _rewrite(
-        _shard_with(folder, key),
+    rewrite_shard(
+        shard_of(folder, key),
         lambda t: t.update({"model.layers.0.self_attn.o_bias": torch.zeros(3)}),
     )
 
 
 def _break_scale(folder):
     key = "model.layers.0.self_attn.q_proj.weight_scale_inv"
-    _rewrite(_shard_with(folder, key), lambda t: t.update({key: t[key][:1].contiguous()}))
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({key: t[key][:1].contiguous()}))
 
 
 def _break_lost_scale(folder):
     key = "model.layers.0.self_attn.k_proj.weight_scale_inv"
-    _rewrite(_shard_with(folder, key), lambda t: t.pop(key))
+    rewrite_shard(shard_of(folder, key), lambda t: t.pop(key))
+
+
+def _break_duplicate(folder):
+    """A zeroed copy of a tensor in the other shard: last-one-wins would load the zeros."""
+    key = "model.layers.1.block_sparse_moe.gate.weight"
+    value = torch.zeros_like(load_file(str(shard_of(folder, key)))[key])
+    rewrite_shard(other_shard(folder, key), lambda t: t.update({key: value}))
+
+
+def _break_scale_beside_bf16(folder):
+    """The BF16 release's weight beside the FP8 release's scale: dequantising it anyway
+    would scale an already dequantised weight again."""
+    key = "model.layers.0.self_attn.q_proj.weight"
+    scale = "model.layers.0.self_attn.q_proj.weight_scale_inv"
+
+    def mix(t):
+        t[key] = fp8_block_dequantize(t[key], t[scale]).to(torch.bfloat16)
+
+    rewrite_shard(shard_of(folder, key), mix)
+
+
+def _break_nan_scale(folder):
+    poison(folder, "model.layers.1.self_attn.v_proj.weight_scale_inv", {(0, 0): float("nan")})
+
+
+def _break_inf_weight(folder):
+    # the router is stored in float32 in the FP8 release
+    poison(folder, "model.layers.0.block_sparse_moe.gate.weight", {(2, 3): float("inf")})
+
+
+def _break_integer_scale(folder):
+    key = "model.layers.0.self_attn.o_proj.weight_scale_inv"
+    rewrite_shard(shard_of(folder, key), lambda t: t.update({key: t[key].round().to(torch.int32)}))
 
 
 def _break_missing_shard(folder):
@@ -152,7 +175,12 @@ BROKEN = [
     (_break_shape, MiniMaxWeightsError, "lm_head.weight is [259, 128] in the checkpoint", "config.json makes it [259, 256]"),
     (_break_extra, MiniMaxWeightsError, "does not describe", "o_bias"),
     (_break_scale, MiniMaxWeightsError, "q_proj.weight: scale grid [1, 2]", "FP8 checkpoint is damaged"),
-    (_break_lost_scale, MiniMaxWeightsError, "k_proj.weight is stored in float8_e4m3fn without its weight_scale_inv", "re-download"),
+    (_break_lost_scale, MiniMaxWeightsError, "model.layers.0.self_attn.k_proj.weight in model-0000", "is stored in F8_E4M3 without its weight_scale_inv"),
+    (_break_duplicate, MiniMaxWeightsError, "weight model.layers.1.block_sparse_moe.gate.weight is stored twice (in model-00001-of-00002.safetensors and model-00002-of-00002.safetensors)", "re-download"),
+    (_break_scale_beside_bf16, MiniMaxWeightsError, "model.layers.0.self_attn.q_proj.weight_scale_inv in model-0000", "which is stored in BF16, not FP8"),
+    (_break_nan_scale, MiniMaxWeightsError, "weight model.layers.1.self_attn.v_proj.weight_scale_inv in model-0000", "1 non-finite value (NaN or inf)"),
+    (_break_inf_weight, MiniMaxWeightsError, "weight model.layers.0.block_sparse_moe.gate.weight in model-0000", "1 non-finite value (NaN or inf)"),
+    (_break_integer_scale, MiniMaxWeightsError, "model.layers.0.self_attn.o_proj.weight_scale_inv in model-0000", "is stored as I32, not a float"),
     (_break_missing_shard, MiniMaxWeightsError, "missing: the download is incomplete", "re-download"),
     (_break_escaping_index, MiniMaxWeightsError, "outside the folder", "re-download"),
     (_break_deep_index, MiniMaxWeightsError, "unreadable (RecursionError)", "re-download"),
@@ -205,3 +233,31 @@ def test_m3_skips_the_vision_tower_and_reads_the_language_model_prefix(m3):
         raw["language_model.model.layers.1.self_attn.index_k_proj.weight"].float(),
     )
     assert model.pypto_sparse_layers == 2  # layers 1 and 2 (layer 0 is dense attention)
+
+
+def test_a_pinned_overlay_loads_through_the_links_it_recorded_and_no_other(
+    m27_bf16, tmp_path, snapshot
+):
+    """pypto-patch's overlay links the shards into the downloaded folder: those links are
+    followed (the weights equal the folder's own), a link planted in their place is not."""
+    from pypto_patch import apply
+
+    overlay = tmp_path / "pinned"
+    apply(m27_bf16, family="minimax_m27", output_dir=overlay)
+    shard = next(overlay.glob("model-00001-of-*.safetensors"))
+    assert shard.is_symlink()
+    ours = PyptoMiniMaxM27ForCausalLM.from_pretrained(overlay, dtype="float32").state_dict()
+    theirs = PyptoMiniMaxM27ForCausalLM.from_pretrained(m27_bf16, dtype="float32").state_dict()
+    assert [k for k in theirs if not torch.equal(ours[k], theirs[k])] == []
+    before = snapshot(m27_bf16)
+    planted = tmp_path / shard.name
+    planted.write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(planted)
+    with pytest.raises(MiniMaxWeightsError) as info:
+        PyptoMiniMaxM27ForCausalLM.from_pretrained(overlay, dtype="float32")
+    assert f"shard {shard.name} in {overlay} is a symbolic link no pypto-patch overlay" in str(
+        info.value
+    )
+    assert "\n" not in str(info.value)
+    assert snapshot(m27_bf16) == before

@@ -19,7 +19,10 @@ strictly, version-independently:
 * strict: every checkpoint tensor is used exactly once. A tensor stored twice (in two
   shards, or under two names that land on one parameter), a missing, unexpected or
   wrongly shaped weight, or a weight holding NaN / inf is one ``KimiWeightsError`` line
-  naming it and the fix. The model is built on the meta device and the tensors are
+  naming it and the fix. The folder is read through the project's one strict checkpoint
+  reader (:func:`iter_checkpoint`), which also refuses a block scale beside a weight that
+  is not FP8 (this release has none), an FP8 weight without one, and a shard outside the
+  folder or behind a link no pypto-patch overlay records. The model is built on the meta device and the tensors are
   assigned, so nothing is allocated twice.
 
 dtypes follow native transformers: the requested dtype, except the parameters the native
@@ -30,7 +33,6 @@ Nothing here writes to the folder.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import defaultdict
@@ -39,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from pypto_capture.weights import read_folder
+from pypto_patch import PatchError, overlay_links
 
 from .errors import KimiWeightsError
 
@@ -53,65 +58,14 @@ _REDOWNLOAD = "re-download the model"
 # --- reading the folder -------------------------------------------------------------------
 
 
-def _shards(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-            names = sorted(set(data["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
-            raise KimiWeightsError(
-                f"{index} is unreadable ({type(err).__name__}): {_REDOWNLOAD}"
-            ) from err
-        shards = []
-        for name in names:
-            # Names come from the folder (untrusted): a plain file name inside it. Checked
-            # lexically: an overlay folder (pypto-patch --output-dir) links its shards.
-            text = str(name)
-            if (
-                not text.endswith(".safetensors")
-                or Path(text).name != text
-                or "\\" in text
-                or text.startswith(".")
-            ):
-                raise KimiWeightsError(
-                    f"{index} names shard {name!r} outside the folder: {_REDOWNLOAD}"
-                )
-            path = folder / text
-            if not path.is_file():
-                raise KimiWeightsError(
-                    f"shard {name} listed in {index.name} is missing: the download is "
-                    f"incomplete; {_REDOWNLOAD}"
-                )
-            shards.append(path)
-        return shards
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise KimiWeightsError(
-            f"{folder} holds no safetensors weights: download the checkpoint's *.safetensors files"
-        )
-    return found
-
-
 def iter_checkpoint(folder: Path) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(shard file name, tensor name, tensor) for every tensor of the folder, lazily."""
-    from safetensors import safe_open
-
-    for shard in _shards(folder):
-        try:
-            with safe_open(str(shard), framework="pt") as fh:
-                for name in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield shard.name, name, fh.get_tensor(name)
-        except KimiWeightsError:
-            raise
-        except Exception as err:  # safetensors raises its own types for damaged headers
-            raise KimiWeightsError(
-                f"{shard.name} is not a readable safetensors file ({type(err).__name__}): "
-                f"{_REDOWNLOAD}"
-            ) from err
+    """(shard file name, tensor name, tensor) for every tensor of the folder, lazily. Read by the
+    shared strict reader (``pypto_capture.weights.read_folder``, following only the links
+    a pypto-patch overlay records); its refusals are ``KimiWeightsError`` lines.
+    """
+    found = read_folder(folder, links=overlay_links, error=KimiWeightsError, also=(PatchError,))
+    for entry, tensor in found:
+        yield entry.shard, entry.name, tensor
 
 
 # --- name mapping -------------------------------------------------------------------------
@@ -182,19 +136,6 @@ def _where(keys: list[str]) -> str:
     return f"layer{'s' if len(layers) > 1 else ''} {shown} ({keys[0]}{more})"
 
 
-def _check_finite(shard: str, name: str, tensor: torch.Tensor) -> None:
-    if not tensor.is_floating_point():
-        return
-    finite = torch.isfinite(tensor)
-    if bool(finite.all()):
-        return
-    bad = int((~finite).sum())
-    raise KimiWeightsError(
-        f"weight {name} in {shard} holds {bad} non-finite value{'s' if bad > 1 else ''} "
-        f"(NaN or inf): the download is damaged; {_REDOWNLOAD}"
-    )
-
-
 def _merge(key: str, parts: list[torch.Tensor], *, stack: bool = False) -> torch.Tensor:
     """Concatenate (or stack) the parts of ``key``; parts that do not fit are one line."""
     try:
@@ -222,7 +163,6 @@ def load_checkpoint(
     Raises ``KimiWeightsError`` (one line) on anything that does not fit.
     """
     report = LoadReport()
-    seen: dict[str, str] = {}  # checkpoint name -> shard
     sources: dict[tuple[str, str, int], str] = {}  # (key, part, index) -> checkpoint name
     singles: dict[str, torch.Tensor] = {}
     convs: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
@@ -230,13 +170,6 @@ def load_checkpoint(
     shards: set[str] = set()
     for shard, name, tensor in iter_checkpoint(folder):
         shards.add(shard)
-        if name in seen:
-            raise KimiWeightsError(
-                f"weight {name} is stored twice (in {seen[name]} and {shard}): the folder "
-                f"mixes two downloads; {_REDOWNLOAD}"
-            )
-        seen[name] = shard
-        _check_finite(shard, name, tensor)
         target = target_of(name)
         slot = (target.key, target.part, target.index)
         if slot in sources:

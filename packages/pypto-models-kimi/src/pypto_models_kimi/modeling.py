@@ -27,6 +27,8 @@ import torch
 from transformers import GenerationMixin
 from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearForCausalLM
 
+from pypto_common.checkpoint import split_load_options
+
 from .checks import FAMILY
 from .configuration import PyptoKimiLinearConfig
 from .errors import KimiConfigError, KimiWeightsError
@@ -36,29 +38,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PyptoKimiLinearForCausalLM"]
 
-# from_pretrained options that only say where/how to fetch files: a pinned folder is local.
-_HUB_OPTIONS = frozenset(
-    {
-        "local_files_only",
-        "trust_remote_code",
-        "revision",
-        "code_revision",
-        "cache_dir",
-        "force_download",
-        "proxies",
-        "token",
-        "subfolder",
-        "_commit_hash",
-        "_from_auto",
-        "_from_pipeline",
-        "adapter_kwargs",
-        "use_safetensors",
-        "low_cpu_mem_usage",
-        "key_mapping",
-        "resume_download",
-        "trust_remote_code_hash",
-    }
-)
 _DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -131,26 +110,20 @@ def _load(cls: Any, path: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             f"{folder} is not a local model folder: download it first (pypto-download) and pin "
             f"it with the {FAMILY} preset"
         )
-    wants_info = bool(kwargs.pop("output_loading_info", False))
-    config = kwargs.pop("config", None)
-    attn = kwargs.pop("attn_implementation", None)
-    experts_impl = kwargs.pop("experts_implementation", None)
-    device_map = kwargs.pop("device_map", None)
-    wanted: dict[str, Any] = {k: kwargs.pop(k) for k in ("dtype", "torch_dtype") if k in kwargs}
-    for option in _HUB_OPTIONS:
-        kwargs.pop(option, None)
-    if kwargs:
+    opts = split_load_options(kwargs)
+    if opts.unsupported:
         raise KimiConfigError(
-            f"from_pretrained option(s) {', '.join(sorted(kwargs))} are not supported by the "
+            f"from_pretrained option(s) {', '.join(opts.unsupported)} are not supported by the "
             f"pinned {FAMILY} loader: drop them (it loads a local folder onto the CPU; move "
             "the model afterwards)"
         )
+    config = opts.config
     config = _config_for(cls, folder, config)
-    dtype = _requested_dtype(wanted, config)
-    if attn is not None:
-        config._attn_implementation = attn
-    if experts_impl is not None:
-        config._experts_implementation = experts_impl
+    dtype = _requested_dtype(opts.dtype, config)
+    if opts.attn_implementation is not None:
+        config._attn_implementation = opts.attn_implementation
+    if opts.experts_implementation is not None:
+        config._experts_implementation = opts.experts_implementation
     with torch.device("meta"):
         model = cls(config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
@@ -183,9 +156,9 @@ def _load(cls: Any, path: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         report.merged.get("experts", 0),
     )
     model.pypto_load_report = report
-    if device_map not in (None, "cpu"):
-        model.to(device_map if isinstance(device_map, (str, torch.device)) else "cpu")
-    if wants_info:
+    if opts.device_map not in (None, "cpu"):
+        model.to(opts.device_map if isinstance(opts.device_map, (str, torch.device)) else "cpu")
+    if opts.output_loading_info:
         return model, {
             "missing_keys": [],
             "unexpected_keys": [],

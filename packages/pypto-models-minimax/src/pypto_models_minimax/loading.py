@@ -15,6 +15,10 @@ across 5.x. This loader reads the checkpoint's own names, version-independently:
 * FP8 e4m3 weights with a ``weight_scale_inv`` per block (128x128 in the release) are
   dequantised to the requested dtype: value = fp8 x scale of its block, edge blocks
   partial; a scale grid that does not fit the weight is an error, not a guess;
+* read through the project's one strict checkpoint reader (:func:`iter_checkpoint`): a
+  tensor stored twice, a scale beside a weight that is not FP8 (or an FP8 weight without
+  one), a scale stored as integers, NaN / inf in any tensor, a shard outside the folder
+  or behind a link no pypto-patch overlay records: one line naming tensor and shard;
 * skipped with one log line each: the MTP modules (layers past ``num_hidden_layers``, or
   names with an ``mtp`` part: decoding does not use them) and, for M3, the vision tower
   and projector (text backbone only);
@@ -28,7 +32,6 @@ Nothing here writes to the folder.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import defaultdict
@@ -38,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from pypto_capture.weights import read_folder
+from pypto_patch import PatchError, overlay_links
 
 from .errors import MiniMaxWeightsError
 
@@ -72,65 +78,14 @@ def dequantize_fp8_blocks(
 # --- reading the folder -------------------------------------------------------------------
 
 
-def _shards(folder: Path) -> list[Path]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-            names = sorted(set(data["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
-            raise MiniMaxWeightsError(
-                f"{index} is unreadable ({type(err).__name__}): re-download the model"
-            ) from err
-        shards = []
-        for name in names:
-            # Names come from the folder (untrusted): a plain file name inside it. Checked
-            # lexically: an overlay folder (pypto-patch --output-dir) links its shards.
-            text = str(name)
-            if (
-                not text.endswith(".safetensors")
-                or Path(text).name != text
-                or "\\" in text
-                or text.startswith(".")
-            ):
-                raise MiniMaxWeightsError(
-                    f"{index} names shard {name!r} outside the folder: re-download the model"
-                )
-            path = folder / text
-            if not path.is_file():
-                raise MiniMaxWeightsError(
-                    f"shard {name} listed in {index.name} is missing: the download is incomplete; "
-                    "re-download the model"
-                )
-            shards.append(path)
-        return shards
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    found = sorted(folder.glob("*.safetensors"))
-    if not found:
-        raise MiniMaxWeightsError(
-            f"{folder} holds no safetensors weights: download the checkpoint's *.safetensors files"
-        )
-    return found
-
-
 def iter_checkpoint(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor of the folder's safetensors shards, lazily."""
-    from safetensors import safe_open
-
-    for shard in _shards(folder):
-        try:
-            with safe_open(str(shard), framework="pt") as fh:
-                for name in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    yield name, fh.get_tensor(name)
-        except MiniMaxWeightsError:
-            raise
-        except Exception as err:  # safetensors raises its own types for damaged headers
-            raise MiniMaxWeightsError(
-                f"{shard.name} is not a readable safetensors file ({type(err).__name__}): "
-                "re-download the model"
-            ) from err
+    """(name, tensor) for every tensor of the folder's safetensors shards, lazily. Read by the
+    shared strict reader (``pypto_capture.weights.read_folder``, following only the links
+    a pypto-patch overlay records); its refusals are ``MiniMaxWeightsError`` lines.
+    """
+    found = read_folder(folder, links=overlay_links, error=MiniMaxWeightsError, also=(PatchError,))
+    for entry, tensor in found:
+        yield entry.name, tensor
 
 
 # --- name mapping -------------------------------------------------------------------------
@@ -257,12 +212,6 @@ def load_checkpoint(
             scales[name[: -len(_SCALE)] + "weight"] = tensor
             continue
         raw[name] = tensor
-    for wname in scales:
-        if wname not in raw:
-            raise MiniMaxWeightsError(
-                f"the checkpoint has {wname[: -len('weight')]}{_SCALE} but no {wname}: the "
-                "download is incomplete; re-download the model"
-            )
 
     singles: dict[str, torch.Tensor] = {}
     cats: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
@@ -345,13 +294,8 @@ def _convert(
     dtype: torch.dtype,
     report: LoadReport,
 ) -> torch.Tensor:
-    is_fp8 = tensor.dtype in (torch.float8_e4m3fn, getattr(torch, "float8_e5m2", None))
+    # The reader paired every scale with its FP8 weight (and every FP8 weight with one).
     if scale is None:
-        if is_fp8:
-            raise MiniMaxWeightsError(
-                f"{name} is stored in {str(tensor.dtype).replace('torch.', '')} without its "
-                f"{_SCALE}: the download is incomplete; re-download the model"
-            )
         return tensor.to(dtype) if tensor.is_floating_point() else tensor
     if tensor.dim() != 2:
         raise MiniMaxWeightsError(

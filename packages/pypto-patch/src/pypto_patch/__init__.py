@@ -50,6 +50,7 @@ from .names import (
     OVERLAY_MARKER_NAME,
     REMOTE_CODE_FILES,
 )
+from .overlay import overlay_links
 from .presets import (
     ENTRY_POINT_GROUP,
     Preset,
@@ -101,6 +102,7 @@ __all__ = [
     "list_presets",
     "local_module_hash",
     "modules_cache_dir",
+    "overlay_links",
     "read_manifest",
     "restore",
     "status",

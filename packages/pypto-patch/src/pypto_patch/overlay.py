@@ -56,6 +56,8 @@ from .presets import Preset
 
 log = logging.getLogger(__name__)
 
+__all__ = ["BUILDING_SUFFIX", "REPLACED_SUFFIX", "apply_overlay", "overlay_links"]
+
 BUILDING_SUFFIX = ".pypto_building"
 REPLACED_SUFFIX = ".pypto_replaced"
 
@@ -345,3 +347,53 @@ def _build(building: Path, root: Path, plan: _Plan, *, final: Path) -> None:
     doc = _manifest_doc(plan, txn, mode="overlay", source=root, purged=[], folder=ident)
     doc["materialized_dirs"] = materialized
     _write_json(building / MANIFEST_NAME, doc)
+
+
+def overlay_links(model_path: str | os.PathLike[str]) -> dict[str, Path]:
+    """The symbolic links pypto-patch made in the overlay at ``model_path``, as relative
+    POSIX path -> the absolute target it made them point to (in the source folder).
+
+    Derived from the overlay's own bookkeeping (its manifest and marker, proven to be
+    pypto-patch's for this very folder): every top-level entry of the source, and every
+    entry of a folder the overlay made real, except the files the manifest changed and
+    pypto-patch's own names. A link is listed only while it still points exactly where
+    it was made to; any other link in the folder (planted later, or edited) is not.
+    Readers that must not follow links (strict weight loaders, size checks) follow
+    exactly these. Empty for a folder that is not an overlay (no manifest, or pinned in
+    place). Raises :class:`UnsafeBookkeepingError` when the folder holds bookkeeping
+    pypto-patch did not write for it.
+    """
+    root = Path(os.fspath(model_path)).expanduser().resolve()
+    manifest = _manifest(root)
+    if manifest is None or manifest.get("mode") != "overlay":
+        return {}
+    marker_path = root / OVERLAY_MARKER_NAME
+    marker = read_record(marker_path)
+    if marker is None:
+        raise UnsafeBookkeepingError(
+            f"{marker_path} is missing, so {root} is not an overlay pypto-patch can vouch for: "
+            "rebuild it with pypto-patch apply --output-dir"
+        )
+    check_marker(root, marker, marker_path, expect_path=root)
+    if marker.get("transaction") != manifest.get("transaction"):
+        raise UnsafeBookkeepingError(
+            f"{root / MANIFEST_NAME} does not belong to the marker {marker_path}: rebuild the "
+            "overlay with pypto-patch apply --output-dir"
+        )
+    source = Path(manifest["source_path"])
+    changed = {f["path"] for f in manifest["files"] if f.get("action") != "unchanged"}
+    links: dict[str, Path] = {}
+    for level in ["", *sorted(manifest.get("materialized_dirs", []))]:
+        here = root / level if level else root
+        if here.is_symlink() or not here.is_dir():
+            continue
+        for entry in sorted(os.listdir(here)):
+            rel = f"{level}/{entry}" if level else entry
+            path = here / entry
+            if rel in changed or tool_owned_reason(rel) is not None or not path.is_symlink():
+                continue
+            made = os.path.abspath(source / rel)
+            with contextlib.suppress(OSError):
+                if os.readlink(path) == made:
+                    links[rel] = Path(made)
+    return links

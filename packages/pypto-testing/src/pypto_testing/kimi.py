@@ -46,6 +46,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .checkpoints import write_sharded
 from .models import write_byte_tokenizer
 
 __all__ = [
@@ -308,30 +309,6 @@ def _widen(model: Any, seed: int) -> None:
                 b.copy_(torch.randn(b.shape, generator=g) * 0.1)
 
 
-def _write_sharded(path: Path, tensors: dict[str, Any], shards: int) -> None:
-    from safetensors.torch import save_file
-
-    names = sorted(tensors)
-    per = -(-len(names) // max(1, shards))
-    groups = [names[i : i + per] for i in range(0, len(names), per)]
-    weight_map: dict[str, str] = {}
-    total = 0
-    for n, group in enumerate(groups, start=1):
-        fname = (
-            "model.safetensors"
-            if len(groups) == 1
-            else f"model-{n:05d}-of-{len(groups):05d}.safetensors"
-        )
-        part = {k: tensors[k].contiguous() for k in group}
-        save_file(part, str(path / fname), metadata={"format": "pt"})
-        for k in group:
-            weight_map[k] = fname
-            total += part[k].numel() * part[k].element_size()
-    if len(groups) > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Every tensor of a folder's safetensors files, by stored name (tests compare)."""
     from safetensors.torch import load_file
@@ -379,7 +356,7 @@ def make_tiny_kimi_linear(
             native[name] = value
             t.copy_(value.float())  # the model now holds exactly what is stored
     published = published_state_dict(native, attn, mlp)
-    _write_sharded(path, published, shards)
+    write_sharded(path, published, shards)
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(str(path))
     if shipped_code:
@@ -397,6 +374,6 @@ def make_tiny_kimi_linear(
         ref_cfg = json.loads((ref / "config.json").read_text())
         ref_cfg["dtype"] = "float32"
         (ref / "config.json").write_text(json.dumps(ref_cfg, indent=2) + "\n")
-        _write_sharded(ref, {k: v.float() for k, v in native.items()}, 1)
+        write_sharded(ref, {k: v.float() for k, v in native.items()}, 1)
         GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(str(ref))
     return path.resolve()

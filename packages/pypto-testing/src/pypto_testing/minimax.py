@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .checkpoints import write_sharded
 from .models import write_byte_tokenizer
 
 __all__ = [
@@ -243,30 +244,6 @@ def fp8_block_dequantize(q: Any, scales: Any, block: int = FP8_BLOCK) -> Any:
     return out
 
 
-def _write_sharded(path: Path, tensors: dict[str, Any], shards: int) -> None:
-    from safetensors.torch import save_file
-
-    names = sorted(tensors)
-    per = -(-len(names) // max(1, shards))
-    weight_map: dict[str, str] = {}
-    total = 0
-    groups = [names[i : i + per] for i in range(0, len(names), per)]
-    for n, group in enumerate(groups, start=1):
-        fname = (
-            "model.safetensors"
-            if len(groups) == 1
-            else f"model-{n:05d}-of-{len(groups):05d}.safetensors"
-        )
-        part = {k: tensors[k].contiguous() for k in group}
-        save_file(part, str(path / fname), metadata={"format": "pt"})
-        for k in group:
-            weight_map[k] = fname
-            total += part[k].numel() * part[k].element_size()
-    if len(groups) > 1:
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """Every tensor of a folder's safetensors files, by checkpoint name (tests compare)."""
     from safetensors.torch import load_file
@@ -362,7 +339,7 @@ def make_tiny_minimax_m27(
             reference[name] = fp8_block_dequantize(q, scale)
             continue
         reference[name] = out[name].float()
-    _write_sharded(path, out, shards)
+    write_sharded(path, out, shards)
     if weights == "fp8":
         cfg["quantization_config"] = copy.deepcopy(FP8_QUANTIZATION_CONFIG)
     cfg["torch_dtype"] = "float32" if weights == "float32" else "bfloat16"
@@ -388,7 +365,7 @@ def _write_reference(path: Path, model: Any, tensors: dict[str, Any], n_layers: 
     cfg = json.loads((path / "config.json").read_text())
     cfg["dtype"] = "float32"
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    _write_sharded(path, {k: v.float() for k, v in keep.items()}, 1)
+    write_sharded(path, {k: v.float() for k, v in keep.items()}, 1)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(str(path))
 
 
@@ -427,7 +404,7 @@ def make_tiny_minimax_m3(
         k: (v.float() if k.endswith("e_score_correction_bias") else v.to(dtype))
         for k, v in tensors.items()
     }
-    _write_sharded(path, out, shards)
+    write_sharded(path, out, shards)
     cfg["torch_dtype"] = "float32" if weights == "float32" else "bfloat16"
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(str(path))
