@@ -36,6 +36,7 @@ TOOLS = [
     ("pypto-e2e", "pypto_e2e"),
     ("pypto-gutenocr", "pypto_models_gutenocr"),
     ("pypto-tune", "pypto_tune"),
+    ("pypto-capture", "pypto_capture"),
 ]
 
 
@@ -140,6 +141,7 @@ EXIT_TABLES = [
     ("pypto-e2e", "pypto_e2e"),
     ("pypto-gutenocr", "pypto_models_gutenocr"),
     ("pypto-tune", "pypto_tune"),
+    ("pypto-capture", "pypto_capture"),
 ]
 
 

@@ -93,3 +93,53 @@ def test_rotary_tables_are_exact_and_mask_is_prebuilt(gemma_dir):
             is prebuilt
         )
     assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device_type", "wanted"),
+    [
+        ("auto", "npu", True),  # auto is npugraph on an NPU
+        ("npugraph", "npu", True),
+        ("fused", "npu", True),  # torchair captures the compiled step into an NPU graph
+        ("compile", "npu", False),
+        ("eager", "npu", False),
+        ("auto", "cuda", False),
+        ("fused", "cuda", False),
+        ("cudagraph", "cuda", False),
+        ("auto", "cpu", False),
+        ("compile", "cpu", False),
+    ],
+)
+def test_the_one_rule_for_when_a_capture_needs_mitigations(backend, device_type, wanted):
+    from pypto_capture import auto_backend_name, needs_capture_mitigations
+
+    assert needs_capture_mitigations(backend, device_type) is wanted
+    # auto means what resolve_backend_name makes of it on that device type
+    assert auto_backend_name(device_type) == {"npu": "npugraph", "cuda": "fused"}.get(
+        device_type, "compile"
+    )
+
+
+def test_recorded_prefill_masks_are_returned_prebuilt(gemma_dir):
+    """A prefill has no capture-safe cache: one eager forward records the masks the model
+    built, and the patched mask functions hand those back (no mask building under capture)."""
+    model = AutoModelForCausalLM.from_pretrained(gemma_dir).eval()
+    ids = torch.tensor([[5, 9, 33, 70, 12, 6, 7, 8, 9, 10, 11]])
+    modeling = sys.modules[type(model.model).__module__]
+    with apply_capture_mitigations(model, max_positions=ids.shape[1]) as handle:
+        expected = _forward(model, ids)
+        with handle.recording_masks():
+            _forward(model, ids)
+        kinds = set(handle.prebuilt_masks)
+        assert kinds == {"full_attention", "sliding_attention"}  # gemma3 has both
+        assert {f"prebuilt-mask:{k}" for k in kinds} <= set(handle.applied)
+        full = handle.prebuilt_masks["full_attention"]
+        assert isinstance(full, torch.Tensor)
+        assert full.shape[-1] == ids.shape[1]
+        replayed = _forward(model, ids)
+        assert torch.equal(replayed, expected)  # the prebuilt masks are the model's own
+        assert (
+            modeling.create_causal_mask(config=model.config, inputs_embeds=torch.zeros(1, 3, 4))
+            is full
+        )  # returned as recorded, whatever is asked
+    assert not handle.prebuilt_masks  # undone with the handle

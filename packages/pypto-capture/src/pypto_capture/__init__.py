@@ -15,12 +15,14 @@ from .backends import (
     FusedBackend,
     GraphBackend,
     ReplayResult,
+    auto_backend_name,
     capture_and_replay,
     make_backend,
     resolve_backend_name,
 )
 from .bisect import MIXER_STAGE, STAGES, BisectResult, bisect_capture
 from .cache import capture_safe_cache_class, make_capture_safe_cache
+from .codes import EXIT
 from .decode import AUTOTUNE_MIN_WEIGHT_BYTES, STEP_MARKER, DecodeStepRunner, default_compile_mode
 from .device import (
     MemoryStats,
@@ -41,7 +43,14 @@ from .errors import (
 )
 from .explain import KNOWN_CAUSES, CaptureExplanation, explain_capture_error
 from .layout import layer_pattern
-from .mitigations import MitigationHandle, apply_capture_mitigations
+from .loading import (
+    ModelFolderError,
+    ModelLoadError,
+    RemoteCodeRefusedError,
+    load_local_model,
+    read_folder_config,
+)
+from .mitigations import MitigationHandle, apply_capture_mitigations, needs_capture_mitigations
 from .moe import StaticMoERouting, round_robin_assignment
 from .moe_exact import (
     MOE_ROUTINGS,
@@ -58,9 +67,23 @@ from .moe_exact import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``pypto_capture.CaptureSafeCache``: the capture-safe cache class, built on first use.
+
+    It subclasses transformers' ``Cache``, so it exists only once transformers is
+    imported; the core of this package stays importable without transformers. Not in
+    ``__all__`` for the same reason (``from pypto_capture import *`` must not need it).
+    """
+    if name == "CaptureSafeCache":
+        return capture_safe_cache_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AUTOTUNE_MIN_WEIGHT_BYTES",
     "BACKENDS",
+    "EXIT",
     "KNOWN_CAUSES",
     "MIXER_STAGE",
     "MOE_ROUTINGS",
@@ -83,7 +106,10 @@ __all__ = [
     "MemoryStats",
     "MitigationHandle",
     "MoEHandle",
+    "ModelFolderError",
+    "ModelLoadError",
     "PyptoCaptureError",
+    "RemoteCodeRefusedError",
     "ReplayResult",
     "StaticMoERouting",
     "UnsupportedModelError",
@@ -92,6 +118,7 @@ __all__ = [
     "apply_exact_moe",
     "apply_moe_routing",
     "apply_static_moe",
+    "auto_backend_name",
     "bisect_capture",
     "capture_and_replay",
     "capture_safe_cache_class",
@@ -101,11 +128,14 @@ __all__ = [
     "explain_capture_error",
     "find_experts",
     "layer_pattern",
+    "load_local_model",
     "make_backend",
     "make_capture_safe_cache",
     "memory_stats",
     "moe_weight_bytes",
+    "needs_capture_mitigations",
     "npu_available",
+    "read_folder_config",
     "reset_peak_memory",
     "resolve_backend_name",
     "resolve_device",

@@ -60,6 +60,7 @@ __all__ = [
     "FusedBackend",
     "GraphBackend",
     "ReplayResult",
+    "auto_backend_name",
     "capture_and_replay",
     "make_backend",
     "resolve_backend_name",
@@ -342,12 +343,21 @@ class FusedBackend(GraphBackend):
         return _CompiledStep(compiled, self.compiler, out)
 
 
+def auto_backend_name(device_type: str) -> str:
+    """What ``auto`` picks on a device type: npugraph on NPU, fused on CUDA, compile else.
+
+    Takes the type as a string: on a machine without torch_npu ``torch.device("npu")``
+    cannot even be built, and callers still ask what an NPU run would use.
+    """
+    return {"npu": "npugraph", "cuda": "fused"}.get(device_type, "compile")
+
+
 def resolve_backend_name(backend: str, device: torch.device) -> str:
     """``auto`` -> npugraph on NPU, fused on CUDA, compile on CPU; checks the pairing."""
     if backend not in BACKENDS:
         raise PyptoCaptureError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return {"npu": "npugraph", "cuda": "fused"}.get(device.type, "compile")
+        return auto_backend_name(device.type)
     want = {"npugraph": "npu", "cudagraph": "cuda"}.get(backend)
     if want is not None and device.type != want:
         raise DeviceNotAvailableError(

@@ -19,7 +19,7 @@ from .backends import GraphBackend, make_backend
 from .cache import make_capture_safe_cache
 from .device import resolve_device
 from .errors import PyptoCaptureError, UnsupportedModelError
-from .mitigations import apply_capture_mitigations
+from .mitigations import apply_capture_mitigations, needs_capture_mitigations
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,7 @@ class DecodeStepRunner:
         # NPU graphs need eager attention, prebuilt masks and rotary tables; elsewhere the
         # explicit 4D mask and device-side positions already keep the step capture-safe.
         if mitigations is None:
-            mitigations = self.backend.name == "npugraph" or (
-                self.backend.name == "fused" and dev.type == "npu"
-            )
+            mitigations = needs_capture_mitigations(self.backend.name, dev.type)
         self.mitigations = (
             apply_capture_mitigations(model, attn="switch", max_positions=max(max_cache_len, 1))
             if mitigations

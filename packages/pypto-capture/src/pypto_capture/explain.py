@@ -124,7 +124,8 @@ KNOWN_CAUSES: tuple[_Rule, ...] = (
         ACL_RT_NAMES["107030"],
         "a host-to-device copy during capture (DynamicCache host bookkeeping, advancing the cache "
         "length from Python)",
-        "use the capture-safe KV cache (pypto_capture.CaptureSafeCache / DecodeStepRunner): fixed "
+        "use the capture-safe KV cache (pypto_capture.make_capture_safe_cache(model), class "
+        "pypto_capture.CaptureSafeCache; pypto_capture.DecodeStepRunner decodes with it): fixed "
         "slots, index_copy_, a device-side position advanced in place between replays",
         ("capture_mode_not_support", "capture mode not support"),
     ),

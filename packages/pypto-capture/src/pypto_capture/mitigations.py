@@ -22,25 +22,39 @@ What breaks capture in a decoder forward, and what we do about it:
 
 ``apply_capture_mitigations`` returns a ``MitigationHandle``; ``handle.undo()`` restores
 every patched attribute, leaving the model exactly as before.
+
+``needs_capture_mitigations(backend, device_type)`` is the one rule for when a capture
+needs them (an NPU graph: ``npugraph``, or ``fused`` on an NPU, which torchair captures);
+the decode runner and pypto-bench's prefill graph arm both ask it. A prefill (or any
+forward with fixed inputs) has no capture-safe cache to build its masks:
+``handle.recording_masks()`` around one eager forward records the masks the model built
+and the patched functions return them, prebuilt, during capture.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import torch
 
 from . import _hf
+from .backends import auto_backend_name
 from .errors import CaptureUnsafeConfigError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MASK_FUNCTIONS", "MitigationHandle", "apply_capture_mitigations"]
+__all__ = [
+    "MASK_FUNCTIONS",
+    "MitigationHandle",
+    "apply_capture_mitigations",
+    "needs_capture_mitigations",
+]
 
 # name -> layer type whose decode mask it stands for
 MASK_FUNCTIONS: dict[str, str] = {
@@ -58,9 +72,36 @@ class MitigationHandle:
 
     applied: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    prebuilt_masks: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: layer type -> the additive 4D mask the patched mask functions return (None: the
+    #: model's own answer was "no mask needed", returned as such).
+    prebuilt_masks: dict[str, torch.Tensor | None] = field(default_factory=dict)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _recording: dict[str, list[Any]] | None = field(default=None, repr=False)
     active: bool = True
+
+    @contextlib.contextmanager
+    def recording_masks(self) -> Iterator[None]:
+        """Record the masks the model builds in the block; register them as prebuilt.
+
+        Run one eager forward with the inputs the capture will use inside it: each patched
+        mask function calls the original and keeps its answer, and afterwards returns
+        that answer without building anything (no host checks under capture). A layer
+        type whose mask came out different twice in the block (two shapes of input) is
+        left to the original function and listed in ``skipped``.
+        """
+        self._recording = {}
+        try:
+            yield
+        finally:
+            recorded, self._recording = self._recording, None
+            for kind, masks in sorted(recorded.items()):
+                if len(masks) == 1:
+                    self.prebuilt_masks[kind] = masks[0]
+                    self.applied.append(f"prebuilt-mask:{kind}")
+                else:
+                    self.skipped.append(
+                        f"prebuilt-mask:{kind} ({len(masks)} different masks in one forward)"
+                    )
 
     def use_mask(self, mask: torch.Tensor | dict[str, torch.Tensor]) -> None:
         """Register the prebuilt additive 4D mask(s) the patched mask functions return."""
@@ -104,10 +145,24 @@ def _is_capture_safe_cache(obj: Any) -> TypeGuard[Any]:
     return obj is not None and hasattr(obj, "decode_masks") and hasattr(obj, "write_pos")
 
 
+def _same_mask(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return False
+
+
 def _mask_wrapper(
     original: Callable[..., Any], kind: str, handle: MitigationHandle
 ) -> Callable[..., Any]:
     def patched(*args: Any, **kwargs: Any) -> Any:
+        if handle._recording is not None:
+            out = original(*args, **kwargs)
+            seen = handle._recording.setdefault(kind, [])
+            if not any(_same_mask(out, old) for old in seen):
+                seen.append(out)
+            return out
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         embeds = kwargs.get("inputs_embeds", kwargs.get("input_embeds"))
         if embeds is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
@@ -209,6 +264,19 @@ def _patch_rotary(
         handle.applied.append(
             f"rotary:{name or type(module).__name__} ({len(tables)} table(s) x {max_positions})"
         )
+
+
+def needs_capture_mitigations(backend: str, device_type: str) -> bool:
+    """Whether a capture by ``backend`` on a ``device_type`` device needs the mitigations.
+
+    NPU graphs do (``npugraph``, ``auto`` on an NPU, and ``fused`` there, which torchair
+    captures into an NPU graph): SDPA's fused kernel on a side stream and host-side mask
+    checks fail capture with ACL 107025 / 107027. Elsewhere the compile backend and CUDA
+    graphs capture the model as it is. ``device_type`` is a string (``"npu"``) so the
+    answer is available on machines where ``torch.device("npu")`` cannot be built.
+    """
+    name = auto_backend_name(device_type) if backend == "auto" else backend
+    return name == "npugraph" or (name == "fused" and device_type == "npu")
 
 
 def apply_capture_mitigations(
