@@ -25,64 +25,13 @@ def llada2_dir(tmp_path_factory) -> Path:
     return make_tiny_llada2(tmp_path_factory.mktemp("llada2") / "tiny-llada2")
 
 
-def make_tiny_diffusion_gemma(path: Path) -> Path:
-    """A tiny DiffusionGemmaForBlockDiffusion folder (transformers' native class)."""
-    import transformers
-
-    if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
-        pytest.skip(
-            f"transformers {transformers.__version__} has no native block-diffusion class "
-            "(DiffusionGemmaForBlockDiffusion)"
-        )
-    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
-
-    from pypto_testing.models import write_byte_tokenizer
-
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = write_byte_tokenizer(path)
-    text = {
-        "vocab_size": vocab + 5,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 32,
-        "global_head_dim": 32,
-        "sliding_window": 16,
-        "max_position_embeddings": 512,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "num_experts": 4,
-        "top_k_experts": 2,
-        "moe_intermediate_size": 32,
-        "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    vision = {
-        "model_type": "gemma4_vision",
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-    }
-    config = DiffusionGemmaConfig(
-        text_config=text,
-        vision_config=vision,
-        canvas_length=8,
-        boi_token_id=vocab + 1,
-        eoi_token_id=vocab + 2,
-        image_token_id=vocab + 3,
-    )
-    torch.manual_seed(0)
-    DiffusionGemmaForBlockDiffusion(config).save_pretrained(str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def diffusion_gemma_dir(tmp_path_factory) -> Path:
+    from pypto_testing.diffusion import diffusion_gemma_available, make_tiny_diffusion_gemma
+
+    reason = diffusion_gemma_available()
+    if reason is not None:
+        pytest.skip(reason)
     return make_tiny_diffusion_gemma(tmp_path_factory.mktemp("dgemma") / "tiny-diffusion-gemma")
 
 
@@ -241,7 +190,11 @@ def test_a_block_length_the_native_class_cannot_use_is_named(diffusion_gemma_dir
 
 
 @pytest.mark.slow
-def test_native_graph_arm_uses_the_model_s_compiled_static_path(diffusion_gemma_dir):
+def test_native_graph_arm_replays_one_captured_step_and_matches_eager(diffusion_gemma_dir):
+    """The graph arm: the model's static-cache generate with one denoising step captured
+    and replayed for every step of every canvas; seeded alike, its sampled tokens are the
+    eager arm's (a compile capture with inductor's freezing read the cache as it was at
+    capture: the second canvas diverged)."""
     from transformers import AutoModelForImageTextToText
 
     model = AutoModelForImageTextToText.from_pretrained(str(diffusion_gemma_dir))
@@ -251,20 +204,142 @@ def test_native_graph_arm_uses_the_model_s_compiled_static_path(diffusion_gemma_
             model_path=str(diffusion_gemma_dir),
             regime="diffusion-generate",
             seq=5,
-            gen=8,
+            gen=16,
+            batch=2,
             arms=("eager", "graph"),
-            diffusion_steps=4,
+            diffusion_steps=8,
             graph_backend="compile",
-            **SMALL,
+            **{**SMALL, "iters": 2},
         )
     )
-    graph = report.arm("graph")
+    eager, graph = report.arm("eager"), report.arm("graph")
     assert report.ok, graph.error
-    assert graph.details["diffusion"]["path"].startswith(
-        "native DiffusionGemmaForBlockDiffusion.generate (static cache"
+    diff = graph.details["diffusion"]
+    assert diff["path"].startswith(
+        "native DiffusionGemmaForBlockDiffusion.generate (static cache; one denoising step "
+        "captured (compile) and replayed"
     )
-    assert graph.outputs_differ_by_design  # it samples: no token-match verdict
-    assert graph.token_match is None
+    assert graph.details["backend"] == "compile"
+    # one capture, replayed for every denoising step: 2 canvases x 4 steps, for the
+    # capturing call and the 2 measured iterations
+    capture = diff["capture"]
+    assert capture["captures"] == 1
+    assert capture["replays"] == 3 * 8
+    assert capture["capture_s"] > 0
+    assert (
+        diff["denoising_steps_per_iter"] == eager.details["diffusion"]["denoising_steps_per_iter"]
+    )
+    # the comparison is made and stated: same seed, every generated position
+    assert graph.outputs_differ_by_design is None
+    assert "seeded with 0" in diff["token_match_basis"]
+    assert graph.token_match == {
+        "rate": 1.0,
+        "compared": 32,
+        "matched": 32,
+        "first_mismatch": None,
+    }
+    assert not [w for w in graph.warnings if "match eager" in w]
+
+
+def test_captured_denoiser_step_is_removed_from_the_model_after_generate(diffusion_gemma_dir):
+    """The step stands in for ``forward`` only while generate runs (eager backend: the same
+    step without a capture), and the tokens equal the uncaptured generate's."""
+    from transformers import AutoModelForImageTextToText
+
+    from pypto_bench.diffusion import CapturedDenoiserStep, diffusion_generate
+    from pypto_capture import make_backend
+
+    model = AutoModelForImageTextToText.from_pretrained(str(diffusion_gemma_dir)).eval()
+    ids = torch.randint(3, 250, (1, 5), generator=torch.Generator().manual_seed(1))
+    step = CapturedDenoiserStep(model, make_backend("eager", "cpu"))
+    with torch.inference_mode():
+        torch.manual_seed(3)
+        plain = diffusion_generate(model, ids, gen_length=16, steps=8)
+        torch.manual_seed(3)
+        stepped = diffusion_generate(model, ids, gen_length=16, steps=8, native_step=step)
+    assert "forward" not in vars(model)
+    assert step.replays == 8
+    assert step.captures == 1
+    assert torch.equal(plain.sequences, stepped.sequences)
+
+
+def _blocked_weights_copy(folder: Path, dest: Path) -> Path:
+    """The folder's config and tokenizer with weights that cannot load (any read fails)."""
+    import shutil
+
+    dest.mkdir()
+    for item in folder.iterdir():
+        if item.suffix != ".safetensors":
+            shutil.copy(item, dest / item.name)
+    (dest / "model.safetensors").write_bytes(b"not a safetensors file")
+    return dest
+
+
+def test_decode_regime_refuses_a_block_diffusion_folder_before_loading(
+    diffusion_gemma_dir, tmp_path
+):
+    """One line naming the diffusion-generate regime, exit 2, raised from the config: the
+    weights (unloadable here) are never read and nothing in the folder changes."""
+    import subprocess
+    import sys
+
+    from pypto_bench.errors import RegimeNotSupportedError
+    from pypto_testing.folders import folder_bytes
+
+    folder = _blocked_weights_copy(diffusion_gemma_dir, tmp_path / "dgemma")
+    before = folder_bytes(folder)
+    with pytest.raises(RegimeNotSupportedError, match="--regime diffusion-generate"):
+        run_bench(BenchConfig(model_path=str(folder), regime="decode", **SMALL))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pypto_bench",
+            "run",
+            "--model-path",
+            str(folder),
+            "--regime",
+            "decode",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == EXIT.USAGE == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "DiffusionGemmaForBlockDiffusion" in lines[0]
+    assert "block-diffusion model" in lines[0]
+    assert "the decode regime cannot run it; use --regime diffusion-generate" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert "TypeError" not in proc.stderr
+    assert folder_bytes(folder) == before
+
+
+def test_the_config_tells_a_block_diffusion_model_by_type_or_architecture():
+    from pypto_bench.loading import block_diffusion_class
+
+    by_type = {"model_type": "diffusion_gemma"}
+    assert block_diffusion_class(by_type) == "DiffusionGemmaForBlockDiffusion"
+    by_arch = {"model_type": "someones_own", "architectures": ["SomeForBlockDiffusion"]}
+    assert block_diffusion_class(by_arch) == "SomeForBlockDiffusion"
+    assert (
+        block_diffusion_class({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+        is None
+    )
+    assert block_diffusion_class({"architectures": "not a list"}) is None
+
+
+def test_a_block_diffusion_model_still_runs_prefill(diffusion_gemma_dir):
+    """Only token-by-token regimes are refused: its forward over a prompt runs."""
+    report = run_bench(
+        BenchConfig(
+            model_path=str(diffusion_gemma_dir), regime="prefill", seq=5, arms=("eager",), **SMALL
+        )
+    )
+    assert report.ok, report.arm("eager").error
 
 
 def test_smoke_gate_runs_llada2_through_its_diffusion_generation(llada2_dir):

@@ -27,6 +27,7 @@ from typing import Any
 from pypto_common import redact
 
 from . import noise
+from .distributed import DEFAULT_RANK_TIMEOUT
 from .errors import (
     BadInputError,
     RegimeNotSupportedError,
@@ -127,7 +128,7 @@ class BenchConfig:
     # with torch's elastic launcher, the model sharded by its tensor-parallel plan.
     nproc: int = 1
     # --nproc > 1: seconds without progress on any rank before the run is ended as hung.
-    rank_timeout: float = 600.0
+    rank_timeout: float = DEFAULT_RANK_TIMEOUT
     # --nproc > 1: run the whole model on one device first (the speedup's and the agreement's
     # reference). False (--no-baseline), or a model that does not fit one device: skipped.
     nproc_baseline: bool = True
@@ -188,7 +189,7 @@ class BenchConfig:
             )
         if (
             self.nproc != 1
-            or self.rank_timeout != 600.0
+            or self.rank_timeout != DEFAULT_RANK_TIMEOUT
             or not self.nproc_baseline
             or self.placement != "tensor"
         ):
@@ -494,6 +495,9 @@ def _graph_decode_iteration(ctx: _Ctx, arm: ArmResult) -> Callable[[], tuple[Any
         compile_mode=None if ctx.graph_backend is not None else cfg.compile_mode,
     )
     arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+    arm.details["mitigations"] = _mitigation_details(
+        runner.mitigations, runner.backend.name, getattr(ctx.device, "type", str(ctx.device))
+    )
     if getattr(runner, "compile_mode_reason", None):
         # None = inductor's default; on CPU large models get autotuned GEMVs by default.
         arm.details["compile_mode"] = {
@@ -656,18 +660,73 @@ def _run_eager_prefill(
     return out.argmax(-1)
 
 
-def _run_graph_prefill(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
+def _mitigation_details(handle: Any, backend: str, device_type: str) -> dict[str, Any]:
+    """What a graph arm's capture mitigations did (``details.mitigations``), and why."""
+    if handle is None:
+        return {
+            "applied": [],
+            "why": f"none: a {backend} capture on {device_type} needs none (NPU graphs do)",
+        }
+    return {
+        "applied": list(handle.applied),
+        "skipped": list(handle.skipped),
+        "why": f"a {backend} capture on {device_type}: NPU graph capture needs eager attention "
+        "(SDPA's side stream: ACL 107025), prebuilt masks and rotary tables",
+    }
+
+
+@contextlib.contextmanager
+def _prefill_mitigations(
+    ctx: _Ctx, arm: ArmResult, backend: str, *, mitigate: bool | None = None
+) -> Any:
+    """The capture mitigations the decode runner applies, for a captured prefill.
+
+    The same rule decides (``pypto_capture.needs_capture_mitigations``: NPU graphs) and the
+    same patches apply (eager attention, rotary tables, mask functions); a prefill has no
+    capture-safe cache to build its masks, so one eager forward of the arm's inputs records
+    them and the capture replays them prebuilt. ``mitigate`` overrides the rule (tests run
+    the NPU path's patches on the CPU). Undone when the block ends.
+    """
     import torch
 
-    from pypto_capture import capture_and_replay
+    from pypto_capture import apply_capture_mitigations, needs_capture_mitigations
+
+    device_type = getattr(ctx.device, "type", str(ctx.device))
+    wanted = needs_capture_mitigations(backend, device_type) if mitigate is None else mitigate
+    if not wanted:
+        arm.details["mitigations"] = _mitigation_details(None, backend, device_type)
+        yield None
+        return
+    handle = apply_capture_mitigations(
+        ctx.model, attn="switch", max_positions=int(ctx.input_ids.shape[1])
+    )
+    try:
+        with torch.inference_mode(), handle.recording_masks():
+            _prefill_fn(ctx)()
+        arm.details["mitigations"] = _mitigation_details(handle, backend, device_type)
+        yield handle
+    finally:
+        handle.undo()
+
+
+def _run_graph_prefill(
+    ctx: _Ctx, arm: ArmResult, mem: _Memory, *, mitigate: bool | None = None
+) -> Any:
+    import torch
+
+    from pypto_capture import capture_and_replay, make_backend
 
     cfg = ctx.config
-    with torch.inference_mode():
+    backend = make_backend(cfg.graph_backend, ctx.device)
+    with (
+        _prefill_mitigations(ctx, arm, backend.name, mitigate=mitigate),
+        torch.inference_mode(),
+    ):
         result = capture_and_replay(
             _prefill_fn(ctx),
             warmup=cfg.warmup,
             replays=cfg.iters,
-            backend=cfg.graph_backend,
+            backend=backend,
             device=ctx.device,
         )
     _tick(ctx, arm.name, cfg.warmup + cfg.iters)
@@ -693,10 +752,18 @@ def _fill_prefill(ctx: _Ctx, arm: ArmResult, times: list[float]) -> None:
 
 def _diffusion_call(ctx: _Ctx, plan: dict[str, Any]) -> Any:
     """One generation; ``plan`` holds the arm's keywords (``forward``, ``step_backend``,
-    ``native_static``), empty for the eager arm."""
+    ``native_step``), empty for the eager arm.
+
+    The torch RNG is seeded with ``--seed`` first: a native block-diffusion model samples
+    (random canvases, multinomial draws), and every arm and iteration starting from the
+    same state is what makes its tokens comparable with the eager arm's.
+    """
+    import torch
+
     from .diffusion import diffusion_generate
 
     cfg = ctx.config
+    torch.manual_seed(cfg.seed)
     steps = cfg.effective_diffusion_steps
     assert steps is not None  # the diffusion regime always has steps
     return diffusion_generate(
@@ -716,16 +783,29 @@ def _diffusion_plan(ctx: _Ctx, arm: ArmResult) -> dict[str, Any]:
     eager: the model's own generation, uncaptured. graph: a protocol model that captures its
     own step gets a pypto-capture backend (``step_backend``); another protocol model gets a
     captured whole-sequence forward (``forward``); a transformers block-diffusion class runs
-    its own static-cache, compiled path.
+    its own static-cache ``generate`` with one denoising step captured by the backend
+    (``native_step``, :class:`pypto_bench.diffusion.CapturedDenoiserStep`).
     """
-    from .diffusion import captures_own_step, native_block_diffusion
+    from .diffusion import CapturedDenoiserStep, captures_own_step, native_block_diffusion
 
     if arm.name == "eager":
         return {}
     if native_block_diffusion(ctx.model) and not captures_own_step(ctx.model):
-        arm.details["backend"] = "the model's own torch.compile (static cache)"
-        arm.outputs_differ_by_design = NATIVE_SAMPLING_NOTE.format(type(ctx.model).__name__)
-        return {"native_static": True}
+        from pypto_capture import make_backend
+
+        # freezing off: transformers marks the static cache's tensors as static addresses,
+        # and inductor's freezing (the CPU compile default) then folds them into constants,
+        # so the step would read the cache as it was at capture (measured on the tiny
+        # DiffusionGemma: tokens match eager on the first canvas only, 86% overall).
+        backend = make_backend(
+            ctx.config.graph_backend,
+            ctx.device,
+            compile_mode=ctx.config.compile_mode,
+            freezing=False,
+        )
+        step = CapturedDenoiserStep(ctx.model, backend)
+        arm.details["backend"] = step.backend_name
+        return {"native_step": step}
     if captures_own_step(ctx.model):
         from pypto_capture import make_backend
 
@@ -742,12 +822,6 @@ IMAGE_CAPTURE_NOTE = (
     "with --image the whole vision-language forward is captured as one graph, vision tower "
     "included; a vision tower that reads the image grid on the host (data-dependent shapes, "
     "e.g. Qwen's) cannot be one graph: bench the language model's graph arm without --image"
-)
-
-#: Why a native block-diffusion arm has no token-match verdict.
-NATIVE_SAMPLING_NOTE = (
-    "{} generates through its own sampler (random canvases, multinomial draws): two runs "
-    "differ by design, so no token match is computed"
 )
 
 
@@ -837,6 +911,14 @@ def _run_diffusion(ctx: _Ctx, arm: ArmResult, mem: _Memory) -> Any:
         arm.warnings.append(f"{arm.name}: the model produced non-finite logits (NaN/Inf)")
     if "forward" in plan:
         arm.details["forward_used"] = calls["n"] > 0
+    if "native_step" in plan:
+        # What the capture cost bought: one step, replayed for every step of every canvas.
+        arm.details["diffusion"]["capture"] = plan["native_step"].describe()
+    if native:
+        # Sampled, not greedy: the token match is between draws from the same seed.
+        arm.details["diffusion"]["token_match_basis"] = (
+            f"sampled tokens, torch RNG seeded with {cfg.seed} before every generation"
+        )
     return seqs[:, cfg.seq :]
 
 
@@ -1032,6 +1114,10 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     when ``report_file`` failed at the end of the run; see ``write_report``).
     """
     config.validate()
+    from .loading import check_regime_fits_folder
+
+    # A regime the folder's model cannot run is refused before any rank or weight loads.
+    check_regime_fits_folder(config.model_path, config.regime)
     if config.placement == "pipeline":
         from .pipeline import run_pipeline
 
@@ -1204,7 +1290,9 @@ def _check_agreement(ctx: _Ctx, report: Report, tokens: dict[str, Any]) -> None:
         arm.token_match = match_rate(ref, cand, ref_counts, cand_counts)
         rate = arm.token_match["rate"]
         if rate is not None and rate < 1.0:
-            msg = f"{arm.name}: greedy tokens match eager at {rate:.1%} of positions"
+            basis = (arm.details.get("diffusion") or {}).get("token_match_basis")
+            kind = "same-seed sampled" if basis else "greedy"
+            msg = f"{arm.name}: {kind} tokens match eager at {rate:.1%} of positions"
             if str(next(ctx.model.parameters()).dtype) == "torch.float32":
                 msg += " (expected exact in fp32)"
             arm.warnings.append(msg)
@@ -1322,9 +1410,10 @@ def _load_context(
     the model, device and prompt the bench measured.
     """
     from .environment import prepare_device_env
-    from .loading import check_model_folder, load_model
+    from .loading import check_model_folder, check_regime_fits_folder, load_model
 
     folder = check_model_folder(config.model_path)
+    check_regime_fits_folder(folder, config.regime)
     image = None
     if config.image is not None:
         from .loading import auto_class_name, read_model_config
@@ -1358,6 +1447,15 @@ def _load_context(
 
         if not supports_diffusion(model):
             raise RegimeNotSupportedError(unsupported_message(model))
+    else:
+        from .diffusion import native_block_diffusion
+        from .loading import TOKEN_BY_TOKEN_REGIMES, block_diffusion_refusal
+
+        # The config did not tell (remote code): the loaded class does.
+        if config.regime in TOKEN_BY_TOKEN_REGIMES and native_block_diffusion(model):
+            raise RegimeNotSupportedError(
+                block_diffusion_refusal(type(model).__name__, config.regime)
+            )
     model_info = {
         "path": str(loaded.path),
         "class": type(model).__name__,
@@ -1521,7 +1619,11 @@ class BenchSession:
         ctx = self._ctx
         arm = ArmResult(name=arm_name)
         self.details = arm.details
-        with _moe_routing_for(ctx, arm), _kernels_for(ctx, arm_name) as plugins:
+        with (
+            _moe_routing_for(ctx, arm),
+            _kernels_for(ctx, arm_name) as plugins,
+            contextlib.ExitStack() as stack,
+        ):
             if plugins:
                 arm.details["plugins"] = [p.name for p in plugins]
             regime = ctx.config.regime
@@ -1548,6 +1650,8 @@ class BenchSession:
 
                 backend = make_backend(ctx.config.graph_backend, ctx.device)
                 arm.details["backend"] = backend.name
+                # Kept on while the session replays (closed with the session's arm).
+                stack.enter_context(_prefill_mitigations(ctx, arm, backend.name))
                 with torch.inference_mode():
                     replay = backend.capture(_prefill_fn(ctx), warmup=1).replay
 

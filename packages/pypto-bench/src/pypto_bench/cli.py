@@ -101,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT.OK if exc.code == 0 else EXIT.USAGE
     verbosity = -1 if args.quiet else int(args.verbose or 0)
     # Undone on return: main() also runs in-process (tests, tools, notebooks).
-    with cli_logging(OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"):
+    from .lifecycle import sigterm_as_interrupt
+
+    with (
+        cli_logging(OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"),
+        sigterm_as_interrupt(),  # SIGTERM unwinds like Ctrl-C: nothing left behind
+    ):
         return _dispatch(args, args_list, verbosity)
 
 
@@ -120,9 +125,9 @@ def _dispatch(args: argparse.Namespace, args_list: list[str], verbosity: int) ->
     except BenchError as err:
         _err(str(err))
         return err.exit_code
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (lifecycle.Terminated): 143
+        _err(str(err) or "interrupted")
+        return int(getattr(err, "exit_code", 130))
     except Exception as err:  # one line, not a traceback, unless -v asks for it
         if verbosity >= 1:
             log.exception("unexpected error")

@@ -224,16 +224,10 @@ def plot(
     if len(datas) > 1:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    import os
-    import tempfile
+    from pypto_common import atomic_write
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, out)
+    try:  # the one writer: temp file + rename, a link planted at ``out`` is replaced
+        atomic_write(out, lambda fh: fig.savefig(fh, format="png", dpi=100))
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return out

@@ -22,9 +22,22 @@ Two kinds of model run in the regime, and the report says which path ran:
   implement it.
 * **native** models are transformers' own block-diffusion classes (5.24:
   ``DiffusionGemmaForBlockDiffusion``): their ``generate()`` is the diffusion loop, driven
-  here through that API (``max_new_tokens``, ``max_denoising_steps`` per canvas); the graph
-  arm asks it for its static-cache path, where the model compiles its own encoder and
-  denoising steps (``torch.compile``, CUDA graphs on a GPU).
+  here through that API (``max_new_tokens``, ``max_denoising_steps`` per canvas). The graph
+  arm runs the same ``generate`` on its static cache with the model's own compilation off,
+  and one denoising step (the decoder forward over a canvas) captured once by a
+  pypto-capture backend (:class:`CapturedDenoiserStep`) and replayed for every step of
+  every canvas; the encoder (once per canvas) and the sampler stay eager, so both arms draw
+  the same random numbers and, seeded alike, their tokens are compared.
+
+Why not the model's own static path (``cache_implementation="static"``): it compiles five
+functions (encoder, the decoder forward twice since the first step of a canvas passes no
+self-conditioning logits, and the sampler's accept and renoise steps, with inductor's RNG
+instead of eager's, so its samples no longer follow the eager arm's); on the tiny test model
+that is 5 graphs and a 66 s first call (cold inductor cache; 362 s reported on a real
+checkpoint) against 34 s for the captured step (measured back to back on 2 shared CPU
+cores), the rest being inductor compiling that one graph. The captured step is one graph: the
+first step's "no self-conditioning" is passed as ``self_conditioning_mask`` all False,
+which the decoder turns into the same zero signal.
 
 Counting is honest and the same for both: per row, the generated positions up to and
 including the first EOS (all of them with ``ignore_eos``), without mask or pad tokens the
@@ -33,13 +46,28 @@ model left unfilled; the prompt is never counted (the seed harness subtracted it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+__all__ = [
+    "CapturedDenoiserStep",
+    "DiffusionOutput",
+    "captures_own_step",
+    "count_generated",
+    "diffusion_generate",
+    "native_block_diffusion",
+    "normalise_output",
+    "read_diffusion_output",
+    "supports_diffusion",
+    "supports_protocol",
+    "unsupported_message",
+]
 
 
 def _explicit_params(fn: Any) -> set[str]:
@@ -133,14 +161,15 @@ def diffusion_generate(
     forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     step_backend: Any = None,
     ignore_eos: bool = False,
-    native_static: bool = False,
+    native_step: CapturedDenoiserStep | None = None,
 ) -> DiffusionOutput:
     """Run one generation on a protocol or native model; the answer normalised.
 
     Why a function: callers (the bench, the smoke gate, pypto-e2e, a model package's own
     tests) read one type whatever the model returns, and optional keywords are only passed
     to models that name them, so models that predate them keep working.
-    ``native_static`` asks a native model for its static-cache (compiled) path.
+    ``native_step`` (a native model only) runs its static-cache ``generate`` with that
+    captured denoising step instead of the model's own compilation.
     """
     if supports_protocol(model):
         kwargs: dict[str, Any] = {
@@ -165,7 +194,7 @@ def diffusion_generate(
             gen_length=gen_length,
             steps=steps,
             block_length=block_length,
-            static=native_static,
+            step=native_step,
         )
     raise TypeError(unsupported_message(model))
 
@@ -177,7 +206,7 @@ def _native_generate(
     gen_length: int,
     steps: int,
     block_length: int | None,
-    static: bool,
+    step: CapturedDenoiserStep | None,
 ) -> DiffusionOutput:
     """transformers' own block-diffusion ``generate`` (DiffusionGemma's API)."""
     from .errors import BadInputError
@@ -198,17 +227,23 @@ def _native_generate(
         "max_denoising_steps": per_canvas,
         "return_dict_in_generate": True,
     }
-    if static:
+    if step is None:
+        out = model.generate(input_ids, **kwargs)
+        how = "dynamic cache, eager"
+    else:
+        # The static cache gives every step one shape; the model's own compilation is off
+        # (the captured step replaces its compiled decoder forward).
         kwargs["cache_implementation"] = "static"
-    out = model.generate(input_ids, **kwargs)
+        kwargs["disable_compile"] = True
+        with step.installed(model):
+            out = model.generate(input_ids, **kwargs)
+        how = (
+            f"static cache; one denoising step captured ({step.backend_name}) and replayed "
+            "for every step and canvas; encoder and sampler eager"
+        )
     sequences = out.sequences
     nfe = _native_forwards(
         out, sequences, input_ids.shape[1], getattr(model.generation_config, "pad_token_id", None)
-    )
-    how = (
-        "static cache; the model compiles its own encoder and denoising steps"
-        if static
-        else "dynamic cache, eager"
     )
     return DiffusionOutput(
         sequences=sequences,
@@ -240,6 +275,172 @@ def _native_forwards(
         if t and math.isfinite(t) and t > 0:
             passes.append(round(v / t))
     return max(passes) if passes else None
+
+
+class _Logits:
+    """What ``generate`` reads off a decoder forward (``.logits``)."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class CapturedDenoiserStep:
+    """One denoising step of a native block-diffusion model, captured once and replayed.
+
+    Installed (:meth:`installed`) as the model's ``forward`` while its static-cache
+    ``generate`` runs with compilation off: every decoder call of every canvas copies its
+    inputs (canvas ids, self-conditioning logits, the decoder's 4D masks, positions) into
+    fixed buffers and replays the step; the static cache is read in place (the encoder
+    writes it between canvases). The first step of a canvas has no self-conditioning
+    logits: the step passes ``self_conditioning_mask`` all False, which the decoder turns
+    into the same zero signal, so one graph serves every step. Any other call of
+    ``forward`` (none in ``generate``) goes to the model's own.
+
+    The logits are returned as a copy: ``generate`` keeps the previous step's logits
+    (self-conditioning, the stopping criteria) while the next replay overwrites the
+    graph's output.
+    """
+
+    def __init__(self, model: Any, backend: Any) -> None:
+        self.model = model
+        self.backend = backend
+        self.backend_name = str(getattr(backend, "label", getattr(backend, "name", backend)))
+        self.captures = 0
+        self.replays = 0
+        self.capture_s: float | None = None
+        self._captured: Any = None
+        self._cache: Any = None
+        self._buffers: dict[str, Any] = {}
+        self._masks: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def installed(self, model: Any) -> Iterator[None]:
+        """``model.forward`` is this step for the block (the instance attribute removed after)."""
+        if model is not self.model:
+            raise ValueError("a CapturedDenoiserStep is installed on the model it was made for")
+        had = "forward" in vars(model)
+        previous = vars(model).get("forward")
+        model.forward = self
+        try:
+            yield
+        finally:
+            if had:
+                model.forward = previous
+            else:
+                del model.forward
+
+    def describe(self) -> dict[str, Any]:
+        """What was captured and how often (the report's ``details.diffusion.capture``)."""
+        return {
+            "what": "one denoising step (the decoder forward over a canvas against the static "
+            "cache), captured once and replayed; encoder and sampler eager",
+            "backend": self.backend_name,
+            "captures": self.captures,
+            "replays": self.replays,
+            "capture_s": self.capture_s,
+        }
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("decoder_input_ids")
+        if args or ids is None:
+            # not a denoising step (nothing in generate calls forward that way)
+            return type(self.model).forward(self.model, *args, **kwargs)
+        import time
+
+        from pypto_capture import synchronize
+
+        cache = kwargs.pop("cache", None)
+        masks = kwargs.pop("decoder_attention_mask", None)
+        logits = kwargs.pop("self_conditioning_logits", None)
+        positions = kwargs.pop("decoder_position_ids", None)
+        kwargs.pop("decoder_input_ids")
+        extra = sorted(k for k, v in kwargs.items() if v is not None)
+        if extra or cache is None or not isinstance(masks, dict) or positions is None:
+            raise RuntimeError(
+                "the captured denoising step takes the canvas, its static cache, 4D decoder "
+                "masks and positions only; this call also passed "
+                f"{', '.join(extra) or 'no cache, masks or positions'}: run the eager arm"
+            )
+        if self._captured is None:
+            start = time.perf_counter()
+            self._allocate(ids, cache, masks, positions)
+            self._load(ids, cache, masks, logits, positions)
+            self._captured = self.backend.capture(self._step, warmup=1)
+            synchronize(self.backend.device)
+            self.capture_s = time.perf_counter() - start
+            self.captures += 1
+        else:
+            self._load(ids, cache, masks, logits, positions)
+        self.replays += 1
+        return _Logits(self._captured.replay().clone())
+
+    def _allocate(self, ids: Any, cache: Any, masks: dict[str, Any], positions: Any) -> None:
+        text = self.model.config.get_text_config()
+        embed = self.model.get_input_embeddings().weight
+        batch, canvas = ids.shape
+        self._cache = cache
+        self._buffers = {
+            "ids": torch.empty_like(ids),
+            "logits": torch.zeros(
+                batch, canvas, int(text.vocab_size), dtype=embed.dtype, device=ids.device
+            ),
+            "use_logits": torch.zeros(batch, dtype=torch.bool, device=ids.device),
+            "positions": torch.empty_like(positions),
+        }
+        self._masks = {k: (None if v is None else torch.empty_like(v)) for k, v in masks.items()}
+
+    def _load(
+        self, ids: Any, cache: Any, masks: dict[str, Any], logits: Any, positions: Any
+    ) -> None:
+        if cache is not self._cache:
+            raise RuntimeError(
+                "generate handed the captured denoising step a new cache (a different batch "
+                "or length): the step replays against the cache it was captured with"
+            )
+        buf = self._buffers
+        self._copy("decoder_input_ids", buf["ids"], ids)
+        self._copy("decoder_position_ids", buf["positions"], positions)
+        if logits is None:
+            buf["use_logits"].fill_(False)
+        else:
+            self._copy("self_conditioning_logits", buf["logits"], logits)
+            buf["use_logits"].fill_(True)
+        if set(masks) != set(self._masks):
+            raise RuntimeError(
+                f"decoder masks changed from {sorted(self._masks)} to {sorted(masks)} "
+                "between denoising steps"
+            )
+        for kind, target in self._masks.items():
+            source = masks[kind]
+            if (target is None) != (source is None):
+                raise RuntimeError(
+                    f"the decoder's {kind} mask was {'absent' if target is None else 'present'} "
+                    "at capture and is not now: the captured step cannot replay it"
+                )
+            if target is not None:
+                self._copy(f"{kind} mask", target, source)
+
+    @staticmethod
+    def _copy(name: str, target: Any, source: Any) -> None:
+        if tuple(source.shape) != tuple(target.shape):
+            raise RuntimeError(
+                f"{name} of shape {tuple(source.shape)} given to the denoising step captured "
+                f"with {tuple(target.shape)}"
+            )
+        target.copy_(source)
+
+    def _step(self) -> Any:
+        buf = self._buffers
+        out = type(self.model).forward(
+            self.model,
+            decoder_input_ids=buf["ids"],
+            self_conditioning_logits=buf["logits"],
+            self_conditioning_mask=buf["use_logits"],
+            decoder_attention_mask=dict(self._masks),
+            cache=self._cache,
+            decoder_position_ids=buf["positions"],
+        )
+        return out.logits
 
 
 def count_generated(

@@ -24,16 +24,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +50,15 @@ from .errors import (
     NoTensorParallelPlanError,
     RankFailedError,
     TooManyRanksError,
+)
+from .lifecycle import (
+    end_group_members,
+    group_stats,
+    live_group_members,
+    proc_stat,
+    set_parent_death_signal,
+    sigterm_as_interrupt,
+    watch_parent,
 )
 from .tensor_parallel import check_plan, plan_of, shard_model
 
@@ -75,6 +87,23 @@ DISTRIBUTED_AUTO_BACKEND = {"cpu": "compile", "cuda": "cudagraph", "npu": "npugr
 #: torch.distributed backend per device type (HCCL is registered by torch_npu).
 BACKEND_FOR = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
 DEFAULT_RANK_TIMEOUT = 600.0
+#: Largest ``--rank-timeout`` accepted (a week): beyond it the collectives' timeout and the
+#: rendezvous' overflow, and no step legitimately makes no progress for longer.
+MAX_RANK_TIMEOUT = 7 * 24 * 3600.0
+#: The launcher's parent-death signal (see ``_launcher_main``): not one torch's elastic
+#: agent handles (SIGTERM, SIGINT, SIGHUP, SIGQUIT), so the launcher's own cleanup runs.
+ORPHAN_SIGNAL = signal.SIGUSR1
+#: Seconds the launcher's watching thread waits for its main thread to clean up after the
+#: parent died, before cleaning up itself (a main thread blocked in C never runs handlers).
+ORPHAN_GRACE_S = 3.0
+#: Seconds between a rank's checks that its launcher is alive (the parent-death signal
+#: ends it at once on Linux; this is the portable fallback).
+RANK_PARENT_POLL_S = 1.0
+#: Environment variable naming the launcher's pid to its ranks (their expected parent).
+LAUNCHER_PID_ENV = "PYPTO_BENCH_LAUNCHER_PID"
+#: Set in each rank's environment to its local device index before anything can import
+#: PyPTO (the reference workflow's multi-NPU runs set it; harmless where unread).
+DEVICE_ID_ENV = "TILE_FWK_DEVICE_ID"
 #: Profiler events that are collectives called by the rank (c10d and functional c10d ops;
 #: the backend's own worker-thread events such as ``gloo:all_reduce`` are not counted).
 COLLECTIVE_PREFIXES = ("c10d::", "_c10d_functional::")
@@ -110,8 +139,7 @@ def validate_distributed(config: BenchConfig) -> None:
         raise BadInputError(
             f"unknown --placement {config.placement!r}: choose one of {', '.join(PLACEMENTS)}"
         )
-    if not config.rank_timeout > 0:
-        raise BadInputError(f"--rank-timeout must be > 0 seconds (got {config.rank_timeout})")
+    check_rank_timeout(config.rank_timeout)
     if config.placement == "pipeline":
         validate_pipeline(config)
     if n == 1:
@@ -138,6 +166,20 @@ def validate_distributed(config: BenchConfig) -> None:
         )
     if len(config.batches) > 1:
         raise BadInputError(f"--nproc {n} takes one --batch, not a sweep: pass a single size")
+
+
+def check_rank_timeout(value: Any) -> float:
+    """``--rank-timeout`` as seconds: a finite number in (0, ``MAX_RANK_TIMEOUT``], else a
+    one-line ``BadInputError`` (inf, nan or 1e300 would launch and fail inside the ranks)."""
+    fix = f"pass a number of seconds such as --rank-timeout {DEFAULT_RANK_TIMEOUT:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadInputError(f"--rank-timeout must be a number of seconds (got {value!r}): {fix}")
+    if not math.isfinite(value) or not 0 < value <= MAX_RANK_TIMEOUT:
+        raise BadInputError(
+            f"--rank-timeout must be finite, > 0 and <= {MAX_RANK_TIMEOUT:g} seconds (a week), "
+            f"got {value!r}: {fix}"
+        )
+    return float(value)
 
 
 def visible_devices(device_type: str) -> int:
@@ -192,15 +234,11 @@ def check_nproc(config: BenchConfig) -> str:
 
 def check_tp_plan(config: BenchConfig) -> str:
     """Name the plan transformers will use, or refuse a family without one (no launch)."""
-    from .loading import check_model_folder, needs_remote_code, read_model_config
+    from .loading import check_model_folder, read_model_config
 
     path = check_model_folder(config.model_path)
     raw = read_model_config(path)
-    if needs_remote_code(raw) and not config.trust_remote_code:
-        raise ModelLoadError(
-            f"model type {raw.get('model_type')!r} at {path} ships its own code: "
-            "rerun with --trust-remote-code if you trust that folder"
-        )
+    check_model_code(config, path, raw)
     from transformers import AutoConfig
 
     try:
@@ -229,6 +267,54 @@ def check_tp_plan(config: BenchConfig) -> str:
         )
     _check_heads(text, model_type, config.nproc)
     return f"transformers base_model_tp_plan of {type(cfg).__name__} ({len(plan)} rules)"
+
+
+def check_model_code(config: BenchConfig, path: Path, raw: dict[str, Any]) -> None:
+    """Refuse a model whose config needs the folder's own code without
+    ``--trust-remote-code`` (``ModelLoadError``, exit 40), before any placement starts."""
+    from .loading import needs_remote_code
+
+    if needs_remote_code(raw) and not config.trust_remote_code:
+        raise ModelLoadError(
+            f"model type {raw.get('model_type')!r} at {path} ships its own code: "
+            "rerun with --trust-remote-code if you trust that folder"
+        )
+
+
+def check_tokenizer(config: BenchConfig, path: Path) -> None:
+    """Load the folder's tokenizer as every placement will, before any starts: one that
+    needs the folder's own code without ``--trust-remote-code`` (its ``auto_map``), or
+    fails to load at all, is a ``ModelLoadError`` (exit 40, the single-process load's
+    code) now, not a rank failure (48) inside rank 0 after the 1-rank baseline."""
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
+        )
+    except Exception as err:  # transformers raises many unrelated types here
+        msg = redact(" ".join(str(err).split()))
+        if "trust_remote_code" in msg and not config.trust_remote_code:
+            raise ModelLoadError(
+                f"{path} needs its own code to load (its tokenizer): rerun with "
+                "--trust-remote-code if you trust it"
+            ) from err
+        raise ModelLoadError(
+            f"loading the tokenizer of {path} failed: {type(err).__name__}: {msg[:300]}"
+        ) from err
+
+
+def require_accelerate(what: str) -> None:
+    """``EnvironmentMissingError`` (exit 3) before anything starts when accelerate, which
+    transformers' own placement (a TP plan, a device map) needs, cannot be imported."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as err:
+        raise EnvironmentMissingError(
+            f"{what} needs accelerate, which cannot be imported here "
+            f"({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
+            "pip install 'pypto-bench[distributed]'"
+        ) from err
 
 
 def _check_heads(text: Any, model_type: Any, nproc: int) -> None:
@@ -280,6 +366,11 @@ def run_distributed(
     ``TooManyRanksError`` (before launching), ``NoTensorParallelPlanError`` and
     ``RankFailedError`` (a rank failed or hung; every rank has been ended). ``progress``
     is accepted for ``run_bench``'s signature; ranks report through their heartbeats.
+
+    No process of the run outlives the caller (see :mod:`pypto_bench.lifecycle`): SIGTERM
+    in the main thread unwinds like Ctrl-C (``Terminated``: every rank ended, the
+    temporary folder removed); a caller killed outright is noticed by the launcher, which
+    ends every rank and removes the temporary folder before exiting.
     """
     config.validate()
     from .loading import check_model_folder
@@ -290,7 +381,11 @@ def run_distributed(
         check_report_path(config.report_file)
     device_type = check_nproc(config)
     plan = check_tp_plan(config)
-    with contextlib.ExitStack() as stack:
+    if not plan.startswith(PYPTO_PLAN_PREFIX):
+        require_accelerate(f"--nproc {config.nproc} with transformers' tensor-parallel plan")
+    check_tokenizer(config, check_model_folder(config.model_path))
+    with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
+        temporary = state_dir is None
         if state_dir is None:
             state_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pypto-dist-"))
         folder = Path(state_dir)
@@ -306,6 +401,9 @@ def run_distributed(
             "threads": max(1, cores // config.nproc),
             "plan": plan,
             "command_line": list(config.command_line or sys.argv),
+            # The launcher ends the run when this process ends, removing a temporary folder.
+            "parent_pid": os.getpid(),
+            "remove_when_orphaned": temporary,
         }
         spec_path = folder / "spec.json"
         atomic_write_text(spec_path, json.dumps(spec))
@@ -364,29 +462,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.05)
 
 
-def _stat(pid: Any) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (state first); None if gone."""
-    try:
-        return Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()
-    except (OSError, TypeError, ValueError):
-        return None
-
-
-def _group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
-    """(pid, stat fields) of every process of group ``pgid`` (Linux /proc; none elsewhere)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            rest = _stat(entry.name)
-            with contextlib.suppress(IndexError, ValueError):
-                if rest is not None and int(rest[2]) == pgid:
-                    yield int(entry.name), rest
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that have not ended (Linux /proc; [] elsewhere)."""
-    return [pid for pid, rest in _group_stats(pgid) if rest[0] != "Z"]
+_stat = proc_stat
+_group_stats = group_stats
+#: Pids of the live processes of a group (re-exported from :mod:`pypto_bench.lifecycle`).
+group_members = live_group_members
 
 
 def _launch_and_wait(spec_path: Path, folder: Path, config: BenchConfig) -> None:
@@ -509,14 +588,71 @@ def _cpu_seconds(pid: Any) -> float | None:
 # --- the launcher (child process, its own process group) ---------------------------------
 
 
+class _Orphaned:
+    """The launcher's end when its parent (the command) is gone: every other process of
+    its group killed (ranks, their helpers), the run's temporary folder removed, exit.
+
+    Two triggers, one cleanup: ``ORPHAN_SIGNAL`` (the parent-death signal) runs it on the
+    main thread, where nothing of the agent can run beside it; the watching thread sends
+    that signal when it sees the parent change, and cleans up itself if the main thread
+    has not within ``ORPHAN_GRACE_S`` (a main thread blocked in C runs no handler).
+    """
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.lock = threading.Lock()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        self.end()
+
+    def on_parent_gone(self) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), ORPHAN_SIGNAL)
+        time.sleep(ORPHAN_GRACE_S)
+        self.end()
+
+    def end(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            return  # the other trigger is at it
+        try:
+            if os.getpgid(0) == os.getpid():  # our own group (never a shell's we joined)
+                end_group_members(os.getpid())
+            if self.folder is not None:
+                for _ in range(5):  # a file written while it was being removed
+                    shutil.rmtree(self.folder, ignore_errors=True)
+                    if not self.folder.exists():
+                        break
+        finally:
+            os._exit(EXIT_ORPHANED)
+
+
+#: The launcher's exit status when it ended the run because its parent was gone.
+EXIT_ORPHANED = 128 + int(ORPHAN_SIGNAL)
+
+
+def _watch_parent_of_launcher(spec: dict[str, Any], folder: Path) -> None:
+    """Arm both triggers of :class:`_Orphaned` for the command that started us."""
+    parent = int(spec.get("parent_pid") or 0)
+    if parent <= 0:
+        return
+    orphaned = _Orphaned(folder if spec.get("remove_when_orphaned") else None)
+    signal.signal(ORPHAN_SIGNAL, orphaned.on_signal)
+    set_parent_death_signal(ORPHAN_SIGNAL)
+    # A parent that died before the call above never sends it: the thread sees it at once.
+    watch_parent(parent, orphaned.on_parent_gone)
+
+
 def _launcher_main(spec_path: str) -> int:
     """Run the elastic agent; on a rank failure write ``failure.json`` naming it."""
+    spec = json.loads(Path(spec_path).read_text())
+    folder = Path(spec["state_dir"])
+    _watch_parent_of_launcher(spec, folder)
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    spec = json.loads(Path(spec_path).read_text())
-    folder = Path(spec["state_dir"])
     nproc = int(spec["config"]["nproc"])
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks' expected parent
     if spec["device_type"] == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # transformers binds the accelerator
     os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
@@ -532,6 +668,9 @@ def _launcher_main(spec_path: str) -> int:
         monitor_interval=0.1,
         start_method="spawn",
         local_addr="127.0.0.1",
+        # The agent's per-rank logs stay in the run's folder (removed with it), not in a
+        # torchelastic_* folder of its own left in the temporary directory.
+        logs_specs=DefaultLogsSpecs(log_dir=str(folder / "elastic")),
     )
     try:
         elastic_launch(launch, _rank_main)(spec_path)
@@ -589,7 +728,13 @@ class _Heartbeat:
         atomic_write_text(
             self.path,
             json.dumps(
-                {"rank": self.rank, "pid": os.getpid(), "step": self.step, "stage": self.stage}
+                {
+                    "rank": self.rank,
+                    "pid": os.getpid(),
+                    "step": self.step,
+                    "stage": self.stage,
+                    DEVICE_ID_ENV: os.environ.get(DEVICE_ID_ENV),
+                }
             ),
         )
 
@@ -599,8 +744,38 @@ class _Heartbeat:
         self.write()
 
 
+def _rank_ends_with_launcher() -> None:
+    """A rank dies with its launcher: SIGKILL as its parent-death signal, and a watching
+    thread that kills the launcher's whole group (this rank, its peers, their helpers)
+    when the parent changes, where that signal is unavailable."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if launcher <= 0:
+        return
+
+    def end_group() -> None:
+        with contextlib.suppress(OSError):
+            if os.getpgid(0) == launcher:  # the launcher's own group: the run, nothing else
+                os.killpg(launcher, signal.SIGKILL)
+        os._exit(EXIT_ORPHANED)
+
+    set_parent_death_signal(signal.SIGKILL)
+    # Also catches a launcher gone before the call; polled slowly (the fallback only),
+    # so the thread costs a timed step nothing measurable.
+    watch_parent(launcher, end_group, poll_s=RANK_PARENT_POLL_S)
+
+
+def _set_device_env(local_rank: int) -> None:
+    """``TILE_FWK_DEVICE_ID``: the rank's local device index, before PyPTO can be imported
+    (nothing of the rank imports it before this point: pypto_bench imports it lazily)."""
+    if "pypto" in sys.modules:
+        log.warning("PyPTO was imported before %s was set: it may use device 0", DEVICE_ID_ENV)
+    os.environ[DEVICE_ID_ENV] = str(local_rank)
+
+
 def _rank_main(spec_path: str) -> None:
     """Entry point of every rank (run by the elastic agent in a spawned process)."""
+    _rank_ends_with_launcher()
+    _set_device_env(int(os.environ.get("LOCAL_RANK", "0")))
     rank = int(os.environ["RANK"])
     spec = json.loads(Path(spec_path).read_text())
     folder = Path(spec["state_dir"])
@@ -839,8 +1014,6 @@ def _free(device: Any) -> None:
 #: activations, the KV cache, the allocator's slack).
 BASELINE_HEADROOM = 1.2
 _ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_STORED_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2,
-                 "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
 
 
 def baseline_skip_reason(config: BenchConfig, device: Any) -> str | None:
@@ -868,37 +1041,30 @@ def fit_reason(need: int | None, free: int | None, device_type: str, dtype: str)
 
 def checkpoint_bytes(folder: Path, dtype: str) -> int | None:
     """Bytes of the folder's safetensors weights once loaded at ``dtype`` (floating tensors
-    converted, others as stored), read from the file headers; None when unknown.
+    converted, others as stored), from the shard headers; None when unknown.
 
-    Only regular files inside the folder are read (a symlink out of it is not followed),
-    and a malformed header makes the size unknown rather than failing the run.
+    The shards are exactly the ones the project's strict checkpoint reader
+    (``pypto_common.checkpoint``) reads for the loaders: those ``model.safetensors.index.json``
+    names (a stray file beside them is not counted), as regular files inside the folder or
+    through the links a pypto-patch overlay records (``pypto_patch.overlay_links``: a pinned
+    overlay's weights are links into the downloaded folder), never through any other link.
+    A folder whose weights cannot be read that way (an indexed shard missing, unreadable
+    or malformed, a link nobody recorded) has an unknown size, said in one warning line:
+    the baseline then runs, and loading reports the problem itself.
     """
+    from pypto_common.checkpoint import CheckpointError, read_checkpoint
+    from pypto_patch import PatchError, overlay_links
+
     try:
-        from safetensors import safe_open
-    except ImportError:
+        checkpoint = read_checkpoint(folder, links=overlay_links(folder))
+    except (CheckpointError, PatchError, OSError) as err:
+        log.warning("size of the weights unknown (the 1-rank baseline is not skipped): %s", err)
         return None
-    root = folder.resolve()
     want = _ELEMENT_BYTES.get(dtype)
     total = 0
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        return None
-    for path in files:
-        try:
-            real = path.resolve()
-            if not real.is_relative_to(root) or not real.is_file():
-                return None
-            with safe_open(str(real), framework="pt") as handle:
-                for key in handle.keys():  # noqa: SIM118  (safe_open is not iterable)
-                    piece = handle.get_slice(key)
-                    numel = 1
-                    for d in piece.get_shape():
-                        numel *= int(d)
-                    stored = _STORED_BYTES.get(str(piece.get_dtype()), 4)
-                    floating = str(piece.get_dtype()).startswith(("F", "BF"))
-                    total += numel * (want if want and floating else stored)
-        except Exception:  # a header safetensors cannot read: size unknown
-            return None
+    for entry in checkpoint.tensors.values():
+        floating = entry.dtype.startswith(("F", "BF"))
+        total += entry.numel * want if want and floating else entry.nbytes
     return total
 
 
@@ -1057,6 +1223,7 @@ def _measure_rank(
             "rank": dist.get_rank(),
             "pid": os.getpid(),
             "device": str(device),
+            DEVICE_ID_ENV: os.environ.get(DEVICE_ID_ENV),
             "load_s": load_s,
             "load_rss_peak_bytes": load_rss.result().get("rss_peak_bytes"),
             "local_parameter_bytes": _local_bytes(model),

@@ -16,9 +16,29 @@ from typing import Any
 
 from pypto_common import redact
 
-from .errors import BadInputError, ModelLoadError, ModelNotFoundError
+from .errors import BadInputError, ModelLoadError, ModelNotFoundError, RegimeNotSupportedError
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "CAUSAL_LM",
+    "DTYPES",
+    "IMAGE_TEXT_TO_TEXT",
+    "TOKEN_BY_TOKEN_REGIMES",
+    "LoadedModel",
+    "auto_class_name",
+    "block_diffusion_class",
+    "block_diffusion_refusal",
+    "check_model_folder",
+    "check_regime_fits_folder",
+    "eos_token_ids",
+    "is_block_diffusion_class",
+    "load_model",
+    "needs_remote_code",
+    "read_model_config",
+    "ready_for_inference",
+    "torch_dtype",
+]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -141,6 +161,60 @@ def is_block_diffusion_class(name: str | None) -> bool:
     """transformers' block-diffusion classes (DiffusionGemma) sit in the image-text-to-text
     mapping without being vision-language models."""
     return bool(name) and str(name).endswith("ForBlockDiffusion")
+
+
+#: Regimes that generate token by token, which a block-diffusion model does not do (it
+#: denoises whole canvases; its forward has no next-token logits to decode from).
+TOKEN_BY_TOKEN_REGIMES = ("decode",)
+
+
+def block_diffusion_class(config: dict[str, Any]) -> str | None:
+    """The transformers block-diffusion class a folder's config names, or None.
+
+    Read from ``architectures`` (any ``*ForBlockDiffusion`` entry), else from what
+    transformers maps the ``model_type`` to (DiffusionGemma's ``diffusion_gemma`` maps to
+    ``DiffusionGemmaForBlockDiffusion`` in its image-text-to-text table), so the answer is
+    known before any weight loads.
+    """
+    archs = config.get("architectures")
+    if isinstance(archs, list):
+        for name in archs:
+            if isinstance(name, str) and is_block_diffusion_class(name):
+                return name
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type:
+        mapped = _mapped_class(IMAGE_TEXT_TO_TEXT, model_type)
+        if is_block_diffusion_class(mapped):
+            return mapped
+    return None
+
+
+def block_diffusion_refusal(class_name: str, regime: str, where: str = "") -> str:
+    """The one line refusing a token-by-token regime for a block-diffusion model."""
+    return (
+        f"{class_name}{where} is a block-diffusion model: it generates by denoising whole "
+        f"canvases, not token by token, so the {regime} regime cannot run it; use "
+        "--regime diffusion-generate"
+    )
+
+
+def check_regime_fits_folder(model_path: str | Path | None, regime: str) -> None:
+    """Refuse a token-by-token regime for a block-diffusion folder before anything loads.
+
+    Raises ``RegimeNotSupportedError`` (exit 2) when the folder's config.json says the model
+    is a block-diffusion class; a folder that cannot be read is left to the checks that name
+    that problem.
+    """
+    if regime not in TOKEN_BY_TOKEN_REGIMES:
+        return
+    try:
+        path = check_model_folder(model_path)
+        config = read_model_config(path)
+    except ModelNotFoundError:
+        return
+    name = block_diffusion_class(config)
+    if name is not None:
+        raise RegimeNotSupportedError(block_diffusion_refusal(name, regime, f" at {path}"))
 
 
 def auto_class_name(

@@ -18,13 +18,16 @@ placed anywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pypto_common import redact
 
-from .errors import BadInputError, ModelLoadError
+from .errors import BadInputError, ModelLoadError, RankFailedError
 
 if TYPE_CHECKING:
     from .bench import BenchConfig
@@ -171,10 +174,13 @@ def run_pipeline(config: BenchConfig) -> Report:
         _protocol,
         add_arm,
         baseline_skip_reason,
+        check_model_code,
         check_nproc,
+        check_tokenizer,
         load_placed,
+        require_accelerate,
     )
-    from .loading import check_model_folder, needs_remote_code, read_model_config
+    from .loading import check_model_folder, read_model_config
     from .report import check_report_path, new_report
 
     config.validate()
@@ -182,12 +188,10 @@ def run_pipeline(config: BenchConfig) -> Report:
     if config.report_file:
         check_report_path(config.report_file)
     raw = read_model_config(path)
-    if needs_remote_code(raw) and not config.trust_remote_code:
-        raise ModelLoadError(
-            f"model type {raw.get('model_type')!r} at {path} ships its own code: "
-            "rerun with --trust-remote-code if you trust that folder"
-        )
+    check_model_code(config, path, raw)
     device_type = check_nproc(config)  # resolves the device, refuses too many stages
+    require_accelerate("--placement pipeline (a device map)")
+    check_tokenizer(config, path)
     first = torch.device(device_type) if device_type == "cpu" else torch.device(device_type, 0)
     mapping, stages = _plan(config, path, raw, device_type)
 
@@ -259,18 +263,95 @@ def run_pipeline(config: BenchConfig) -> Report:
     return report
 
 
-def _plan(config: BenchConfig, path: Path, raw: dict[str, Any], device_type: str) -> Any:
-    """The device map, computed on a weightless (meta) copy of the model."""
-    import torch
-    from transformers import AutoConfig
+#: Most decoder layers a config may declare for ``--placement pipeline`` (the largest
+#: published models have under 200): planning builds every layer (weightless), and a
+#: config declaring 200000 would sit in planning for minutes.
+MAX_PIPELINE_LAYERS = 1024
+#: Config attributes that hold the decoder-layer count, by family naming.
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
-    from .loading import _auto_class
+
+def declared_layers(cfg: Any) -> int | None:
+    """The decoder-layer count a config declares (its text config's), None if it names none."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for source in (text, cfg):
+        for key in _LAYER_COUNT_KEYS:
+            value = getattr(source, key, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
+
+
+def _plan(config: BenchConfig, path: Path, raw: dict[str, Any], device_type: str) -> Any:
+    """The device map, computed on a weightless (meta) copy of the model.
+
+    Bounded: a config declaring more than ``MAX_PIPELINE_LAYERS`` layers is refused
+    before anything is built, and building the copy stops once it has taken
+    ``--rank-timeout`` seconds (``RankFailedError``).
+    """
+    from transformers import AutoConfig
 
     try:
         cfg = AutoConfig.from_pretrained(
             str(path), local_files_only=True, trust_remote_code=config.trust_remote_code
         )
-        with torch.device("meta"):
+    except Exception as err:
+        raise ModelLoadError(
+            f"reading {path}/config.json to place its layers failed: "
+            f"{type(err).__name__}: {redact(' '.join(str(err).split()))[:300]}"
+        ) from err
+    layers = declared_layers(cfg)
+    if layers is not None and not 0 <= layers <= MAX_PIPELINE_LAYERS:
+        raise BadInputError(
+            f"{path}/config.json declares {layers} decoder layers, over the "
+            f"{MAX_PIPELINE_LAYERS} --placement pipeline plans: fix the config (a corrupt "
+            "or hostile folder) or re-download the model"
+        )
+    try:
+        return _build_and_map(config, cfg, path, raw, device_type)
+    except _PlanningTimeout as err:
+        raise RankFailedError(
+            f"planning the {config.nproc} pipeline stages of {path}"
+            f"{f' ({layers} layers)' if layers is not None else ''} took "
+            f"over --rank-timeout {config.rank_timeout:g} s: raise --rank-timeout if the "
+            "model is that large"
+        ) from err
+
+
+class _PlanningTimeout(BaseException):
+    """Raised from inside the model's construction (not an ``Exception``: nothing on the
+    way may swallow it) when planning has run over ``--rank-timeout``."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Within the block, registering a submodule (what building a model does thousands of
+    times) after ``seconds`` raises ``_PlanningTimeout``: the build stops where it is, in
+    whatever thread runs it."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    end = time.monotonic() + seconds
+
+    def check(module: Any, name: str, submodule: Any) -> None:
+        if time.monotonic() > end:
+            raise _PlanningTimeout()
+
+    handle = register_module_module_registration_hook(check)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _build_and_map(
+    config: BenchConfig, cfg: Any, path: Path, raw: dict[str, Any], device_type: str
+) -> Any:
+    import torch
+
+    from .loading import _auto_class
+
+    try:
+        with _deadline(config.rank_timeout), torch.device("meta"):
             meta = _auto_class(raw).from_config(cfg, trust_remote_code=config.trust_remote_code)
     except Exception as err:
         raise ModelLoadError(

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -229,22 +230,11 @@ def _write_fallback(text: str, dirs: Sequence[Path]) -> tuple[Path | None, list[
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     problems: list[str] = []
     for folder in dirs:
-        fd, tmp = -1, ""
+        # A fresh name, written by the one atomic writer (temp file + rename).
+        target = Path(folder) / f"pypto-bench-report-{stamp}-{secrets.token_hex(4)}.json"
         try:
-            fd, tmp = tempfile.mkstemp(
-                prefix=f"pypto-bench-report-{stamp}-", suffix=".json", dir=folder
-            )
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fd = -1
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            return Path(tmp), problems
+            return atomic_write_text(target, text), problems
         except OSError as err:
-            if fd >= 0:
-                os.close(fd)
-            if tmp:
-                with_suppress_unlink(tmp)
             problems.append(f"{folder}: {err.strerror or err}")
     return None, problems
 
@@ -620,6 +610,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
         line = _kv_cache_line(arm)
         if line:
             lines.append(f"{arm['name']}: {line}")
+        line = _mitigations_line(arm)
+        if line:
+            lines.append(f"{arm['name']}: {line}")
     for arm in data["arms"]:
         if arm.get("outputs_differ_by_design"):
             lines.append(
@@ -691,6 +684,14 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
             f"memory {_mib(peak)} MiB"
         )
     return lines
+
+
+def _mitigations_line(arm: dict[str, Any]) -> str | None:
+    """The capture mitigations a graph arm applied (``details.mitigations``), when any."""
+    applied = ((arm.get("details") or {}).get("mitigations") or {}).get("applied")
+    if not applied:
+        return None
+    return "capture mitigations: " + ", ".join(str(a) for a in applied)
 
 
 def _kv_cache_line(arm: dict[str, Any]) -> str | None:
@@ -790,6 +791,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
         lines.append(f"\n- {note}")
     for arm in data["arms"]:
         line = _kv_cache_line(arm)
+        if line:
+            lines.append(f"\n- `{arm['name']}` {line}")
+        line = _mitigations_line(arm)
         if line:
             lines.append(f"\n- `{arm['name']}` {line}")
     for arm in data["arms"]:

@@ -124,3 +124,78 @@ def make_tiny_diffusion_model(path: str | Path, *, seed: int = 0, **overrides: A
     cfg["auto_map"] = auto_map
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path.resolve()
+
+
+def diffusion_gemma_available() -> str | None:
+    """None when the installed transformers has DiffusionGemma; else why not (a skip reason)."""
+    import transformers
+
+    if hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
+        return None
+    return (
+        f"transformers {transformers.__version__} has no native block-diffusion class "
+        "(DiffusionGemmaForBlockDiffusion, transformers >= 5.24)"
+    )
+
+
+def make_tiny_diffusion_gemma(
+    path: str | Path, *, seed: int = 0, canvas_length: int = 8, **text_overrides: Any
+) -> Path:
+    """A tiny ``DiffusionGemmaForBlockDiffusion`` folder, built by transformers' own classes.
+
+    The native block-diffusion class (``model_type`` ``diffusion_gemma``): an encoder that
+    fills a KV cache, a bidirectional decoder that denoises ``canvas_length``-token canvases,
+    MoE layers and a (one-block) Gemma 4 vision tower, with the byte-level tokenizer. Its
+    sliding window (64) is wider than the prompts and generations tests use. Raises
+    ``RuntimeError`` where transformers has no such class (:func:`diffusion_gemma_available`).
+    """
+    reason = diffusion_gemma_available()
+    if reason is not None:
+        raise RuntimeError(reason)
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    from .models import write_byte_tokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_byte_tokenizer(path)
+    text: dict[str, Any] = {
+        "vocab_size": vocab + 5,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "global_head_dim": 32,
+        "sliding_window": 64,
+        "max_position_embeddings": 512,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 32,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        **text_overrides,
+    }
+    vision = {
+        "model_type": "gemma4_vision",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    }
+    config = DiffusionGemmaConfig(
+        text_config=text,
+        vision_config=vision,
+        canvas_length=canvas_length,
+        boi_token_id=vocab + 1,
+        eoi_token_id=vocab + 2,
+        image_token_id=vocab + 3,
+    )
+    torch.manual_seed(seed)
+    DiffusionGemmaForBlockDiffusion(config).save_pretrained(str(path))
+    return path.resolve()

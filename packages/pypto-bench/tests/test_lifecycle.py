@@ -1,0 +1,270 @@
+"""Nothing of a --nproc run outlives the command, whatever ends it (issue 27, items 1 and
+17): real `pypto-bench run --nproc 2` commands killed with SIGKILL / SIGTERM while their
+ranks load, run the 1-rank baseline or iterate; then no descendant is alive and nothing
+of the run is left in the temporary directory. Plus the two mechanisms on their own
+(the parent-death signal, the polling watch that works without it), with tiny scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pypto_bench.distributed import DEVICE_ID_ENV, visible_devices
+from pypto_bench.lifecycle import TERMINATED_EXIT
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _dist_fixtures import alive, group_members
+
+# What torch keeps in the temporary directory across runs by design (inductor's compile
+# cache, shared by every torch process of the user): not the run's, left alone.
+TORCH_CACHE_PREFIX = "torchinductor_"
+SETTLE_S = 10.0  # "no descendant alive 10 s later"
+
+
+def _loading(beats: dict[int, dict[str, Any]]) -> bool:
+    """Both ranks up, none iterating yet: rendezvous, rank 0 loading the whole model."""
+    return sorted(beats) == [0, 1] and not any("iteration" in b["stage"] for b in beats.values())
+
+
+def _baseline(beats: dict[int, dict[str, Any]]) -> bool:
+    """Rank 0 timing the whole model alone (rank 1 waits for it)."""
+    return str(beats.get(0, {}).get("stage", "")).startswith("1-rank baseline: iteration")
+
+
+def _timed_loop(beats: dict[int, dict[str, Any]]) -> bool:
+    """Both ranks in the sharded timed iterations."""
+    return sorted(beats) == [0, 1] and all(
+        b["stage"].startswith("iteration") for b in beats.values()
+    )
+
+
+# The moments, read from the heartbeat files the ranks write (rank, step, stage).
+MOMENTS = {"loading": _loading, "baseline": _baseline, "timed loop": _timed_loop}
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process under ``root`` (a /proc walk of parent pids)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            rest = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children.setdefault(int(rest[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            if pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return found
+
+
+def _heartbeats(tmp: Path) -> dict[int, dict[str, Any]]:
+    beats = {}
+    for path in tmp.glob("pypto-dist-*/rank[0-9].json"):
+        try:
+            st = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        beats[int(st["rank"])] = st
+    return beats
+
+
+def _left_behind(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if not p.name.startswith(TORCH_CACHE_PREFIX))
+
+
+@pytest.fixture(scope="session")
+def killed_run(tiny_llama, tmp_path_factory):
+    """One real command per (signal, moment), killed there; what was seen, cached."""
+    done: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def run(sig: int, moment: str) -> dict[str, Any]:
+        if (sig, moment) in done:
+            return done[(sig, moment)]
+        base = tmp_path_factory.mktemp(f"killed-{sig}-{moment.replace(' ', '-')}")
+        tmp = base / "tmp"
+        tmp.mkdir()
+        env = {**os.environ, "TMPDIR": str(tmp), "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "pypto_bench", "run", "--model-path", str(tiny_llama),
+                "--device", "cpu", "--regime", "prefill", "--seq", "8", "--arms", "eager",
+                "--warmup", "0", "--iters", "100000", "--dtype", "float32", "--no-bandwidth",
+                "--nproc", "2", "--rank-timeout", "300"]  # fmt: skip
+        if moment == "timed loop":
+            argv.append("--no-baseline")
+        err_path = base / "stderr.txt"
+        with open(err_path, "wb") as err:
+            cli = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                beats = _heartbeats(tmp)
+                if MOMENTS[moment](beats):
+                    break
+                assert cli.poll() is None, err_path.read_text()[-2000:]
+                assert time.monotonic() < deadline, f"never reached {moment}: {beats}"
+                time.sleep(0.05)
+            launcher = int(next(tmp.glob("pypto-dist-*/launcher.pid")).read_text())
+            family = _descendants(cli.pid)
+            assert launcher in family, family
+            assert len(family) >= 3, family  # launcher + 2 ranks
+            os.kill(cli.pid, sig)
+            killed = time.monotonic()
+            code = cli.wait(timeout=120)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+        left: list[str] = []
+        alive_now: list[int] = []
+        while time.monotonic() - killed < SETTLE_S:
+            alive_now = sorted(p for p in family if alive(p)) + group_members(launcher)
+            left = _left_behind(tmp)
+            if not alive_now and not left:
+                break
+            time.sleep(0.1)
+        done[(sig, moment)] = {
+            "code": code,
+            "stderr": err_path.read_text(errors="replace"),
+            "beats": beats,
+            "family": family,
+            "alive": alive_now,
+            "left": left,
+            "settled_s": time.monotonic() - killed,
+        }
+        return done[(sig, moment)]
+
+    return run
+
+
+@pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
+@pytest.mark.parametrize(
+    ("sig", "moment"),
+    [
+        (signal.SIGKILL, "loading"),
+        (signal.SIGTERM, "loading"),
+        (signal.SIGTERM, "baseline"),
+        (signal.SIGKILL, "timed loop"),
+    ],
+    ids=["kill-9-loading", "kill-15-loading", "kill-15-baseline", "kill-9-timed-loop"],
+)
+def test_a_killed_run_leaves_no_process_and_no_temporary_folder(killed_run, sig, moment):
+    seen = killed_run(sig, moment)
+    assert seen["alive"] == [], f"still running {SETTLE_S:g} s after the kill: {seen}"
+    assert seen["left"] == [], f"left in the temporary directory: {seen['left']}"
+    if sig == signal.SIGTERM:  # handled like Ctrl-C: one line, the shell's code for SIGTERM
+        assert seen["code"] == TERMINATED_EXIT == 143, seen["stderr"][-2000:]
+        lines = [ln for ln in seen["stderr"].splitlines() if ln.strip()]
+        assert lines[-1] == "pypto-bench: error: terminated by SIGTERM", lines[-5:]
+    else:
+        assert seen["code"] == -signal.SIGKILL
+
+
+@pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
+def test_each_rank_has_its_local_device_index_in_tile_fwk_device_id(killed_run):
+    """Issue 27 item 17: the variable is in each rank's environment (its heartbeat records
+    what the rank's os.environ holds once it is running), set before PyPTO is imported."""
+    seen = killed_run(signal.SIGKILL, "timed loop")
+    beats = seen["beats"]
+    assert sorted(beats) == [0, 1]
+    for rank, st in beats.items():
+        assert st[DEVICE_ID_ENV] == str(rank), st
+    assert "PyPTO was imported before" not in seen["stderr"]
+
+
+# --- the two mechanisms alone (no torch: a parent script and its child) ---------------
+
+_FAMILY = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())] + sys.argv[2:])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _orphan(child_code: str, *args: str) -> tuple[int, subprocess.Popen[str]]:
+    """Start parent -> child; return (child pid, parent) once the child is armed."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _FAMILY, textwrap.dedent(child_code), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    return child, parent
+
+
+def _kill_parent_once_armed(child: int, parent: subprocess.Popen[str], armed: Path) -> bool:
+    """SIGKILL the parent once the child has written ``armed``; True when the child has
+    ended within 5 s (it is killed here either way, never left running)."""
+    try:
+        deadline = time.monotonic() + 60
+        while not armed.exists():
+            assert time.monotonic() < deadline, "the child never armed itself"
+            time.sleep(0.05)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while alive(child):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+    finally:
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_the_watch_ends_a_child_whose_parent_was_killed_without_the_signal(tmp_path):
+    """The portable mechanism: no parent-death signal is set, the polling thread alone
+    notices the parent's SIGKILL and runs the child's cleanup."""
+    marker = tmp_path / "cleaned"
+    armed = tmp_path / "armed"
+    child, parent = _orphan(
+        """
+        import os, sys, time
+        from pathlib import Path
+        from pypto_bench.lifecycle import watch_parent
+        def died():
+            Path(sys.argv[2]).write_text("parent gone")
+            os._exit(0)
+        watch_parent(int(sys.argv[1]), died, poll_s=0.05)
+        Path(sys.argv[3]).write_text("armed")
+        time.sleep(600)
+        """,
+        str(marker),
+        str(armed),
+    )
+    assert _kill_parent_once_armed(child, parent, armed)
+    assert marker.read_text() == "parent gone"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux only")
+def test_the_parent_death_signal_ends_a_child_that_does_nothing_else(tmp_path):
+    armed = tmp_path / "armed"
+    child, parent = _orphan(
+        """
+        import signal, sys, time
+        from pathlib import Path
+        from pypto_bench.lifecycle import set_parent_death_signal
+        assert set_parent_death_signal(signal.SIGKILL)
+        Path(sys.argv[2]).write_text("armed")
+        time.sleep(600)
+        """,
+        str(armed),
+    )
+    assert _kill_parent_once_armed(child, parent, armed)
