@@ -23,7 +23,13 @@ def _one_line_error(capsys) -> str:
 
 @pytest.fixture(scope="module")
 def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cli") / "prof"
+    root = tmp_path_factory.mktemp("cli")
+    out, outside = root / "prof", root / "outside"
+    out.mkdir()
+    outside.mkdir()
+    for name in OUTPUTS:  # links planted at every output's name, to files outside --out
+        (outside / name).write_text("keep me")
+        (out / name).symlink_to(outside / name)
     assert (
         main(["profile", "--model-path", str(tiny_llama), *FAST, "--out", str(out), "-q"])
         == EXIT.OK
@@ -31,9 +37,16 @@ def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
+OUTPUTS = ("profile.json", "profile.md", "trace.json", "breakdown.png")
+
+
 def test_profile_writes_every_output(profiled: Path):
     names = {p.name for p in profiled.iterdir()}
-    assert {"profile.json", "profile.md", "trace.json", "breakdown.png"} <= names
+    assert set(OUTPUTS) == names
+    for name in OUTPUTS:  # the planted links were replaced, their targets untouched
+        assert not (profiled / name).is_symlink()
+        assert (profiled / name).is_file()
+        assert (profiled.parent / "outside" / name).read_text() == "keep me"
     data = json.loads((profiled / "profile.json").read_text())
     assert data["meta"]["arm"] == "eager"
     assert data["recommendations"]

@@ -107,3 +107,102 @@ def test_captured_decode_steps_are_marked_by_pypto_capture(graph_profile):
     assert graph_profile.step["count"] == 45
     assert graph_profile.meta["arm_details"]["backend"] == "compile"
     assert {o.block for o in graph_profile.ops} == {"captured"}
+
+
+def test_profile_with_model_yields_a_profile_filled_on_exit():
+    """What users write around their own code: module attribution, a Profile to advise."""
+    from pypto_tune import Profile, advise
+    from pypto_tune import profile as tune_profile
+
+    model = _Two()
+    x = torch.randn(2, 16)
+    with tune_profile(model=model) as got:
+        assert isinstance(got, Profile)
+        assert got.ops == []  # filled when the block ends
+        for _ in range(3):
+            model(x)
+    assert got.step["count"] == 3
+    assert got.step_us > 0
+    assert ("aten::addmm", "layers.1") in {(o.name, o.module) for o in got.ops}
+    assert got.blocks["norm"]["us"] > 0
+    assert got.meta["model"]["class"] == "_Two"
+    assert got.trace is not None
+    assert {c["module"] for c in got.call_graph} >= {"layers.0", "layers.1", "norm"}
+    assert advise(got) is got
+    assert all("forward" not in m.__dict__ for m in model.modules())  # scopes removed
+    model(x)  # and the model runs as before
+
+
+def test_profile_with_model_detaches_when_the_block_raises():
+    from pypto_tune import profile as tune_profile
+
+    model = _Two()
+
+    def fails() -> None:
+        with tune_profile(model=model):
+            model(torch.randn(2, 16))
+            raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):
+        fails()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert not model._forward_pre_hooks
+
+
+def test_advise_and_diagnose_name_what_to_pass():
+    from pypto_tune import advise, compare_profiles, diagnose
+
+    with profile(device="cpu") as raw:  # the raw collection, not a Profile
+        _Two()(torch.randn(1, 16))
+    for call, arg in ((advise, raw), (diagnose, raw), (advise, {"meta": {}}), (diagnose, None)):
+        with pytest.raises(TypeError, match=r"takes a pypto_tune\.Profile") as info:
+            call(arg)
+        assert "profile_model()" in str(info.value)
+    with pytest.raises(TypeError, match=r"profile\(model=\.\.\.\) yields a Profile"):
+        advise(raw)
+    with tune_profile_of(_Two()) as prof:
+        pass
+    with pytest.raises(TypeError, match="Thresholds"):
+        diagnose(prof, {"norm_share": 1})
+    with pytest.raises(TypeError, match="compare_profiles"):
+        compare_profiles(prof, raw)
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        tune_profile_of("model")
+
+
+def tune_profile_of(model):
+    from pypto_tune import profile as tune_profile
+
+    return tune_profile(model=model)
+
+
+def test_detail_without_decodable_stacks_profiles_again_without_them(tmp_path):
+    """A Python frame whose file name is not UTF-8 makes torch.profiler's stack collection
+    raise inside the step (a real failure, not a stand-in): the profile is taken again
+    without stacks and says so, instead of being lost."""
+    import importlib.util
+    import os
+
+    from pypto_tune import profile_step
+
+    folder = os.fsencode(tmp_path) + b"/mod\xff\xfe"
+    os.mkdir(folder)
+    source = folder + b"/odd_name.py"
+    with open(source, "wb") as fh:
+        fh.write(b"import torch\n\ndef run(x):\n    return torch.mm(x, x)\n")
+    spec = importlib.util.spec_from_file_location("odd_name", os.fsdecode(source))
+    odd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(odd)
+    x = torch.randn(8, 8)
+    # The failure is real: stacks on, the step raises.
+    with pytest.raises(RuntimeError), torch.profiler.profile(with_stack=True):
+        odd.run(x)
+    prof = profile_step(lambda: odd.run(x), level="detail", iters=2, warmup=0, peaks=False)
+    assert prof.meta["stacks"] is False
+    assert any("Python stacks were not recorded" in w for w in prof.warnings)
+    mm = next(o for o in prof.ops if o.name == "aten::mm")
+    assert mm.calls == pytest.approx(1.0)
+    assert mm.shapes == [[8, 8], [8, 8]]  # the rest of detail is there
+    clean = profile_step(lambda: torch.mm(x, x), level="detail", iters=1, warmup=0, peaks=False)
+    assert clean.meta["stacks"] is True
+    assert not any("stacks" in w for w in clean.warnings)

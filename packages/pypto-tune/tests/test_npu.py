@@ -359,14 +359,23 @@ def test_session_rejects_unknown_level(tmp_path: Path) -> None:
         NpuProfilerSession(level="full", out_dir=tmp_path)
 
 
-def test_session_trace_reads_the_newest_folder(tmp_path: Path) -> None:
+def test_session_trace_reads_the_run_it_started_not_an_older_one(tmp_path: Path) -> None:
+    # An older run, touched after this session started (newest by mtime), and a link.
     old = write_profile(tmp_path, "host_1_20261130110000000_ascend_pt")
-    new = write_profile(tmp_path, "host_1_20261130120000000_ascend_pt", kernels=False)
-    os.utime(old, (time.time() - 60, time.time() - 60))
     (tmp_path / "link_ascend_pt").symlink_to(old, target_is_directory=True)
-    trace = NpuProfilerSession(level="detail", out_dir=tmp_path).trace()
+    session = NpuProfilerSession(level="detail", out_dir=tmp_path)
+    assert session.snapshot() == {old.name}  # what __enter__ notes before recording
+    new = write_profile(tmp_path, "host_1_20261130120000000_ascend_pt", kernels=False)
+    os.utime(new, (time.time() - 120, time.time() - 120))
+    os.utime(old, (time.time() + 60, time.time() + 60))
+    trace = session.trace()
     assert trace.extra["folder"] == str(new.resolve())
-    with pytest.raises(ProfileFormatError, match="no \\*_ascend_pt folder"):
+    # Nothing new since the snapshot: the older run is not passed off as this one.
+    again = NpuProfilerSession(level="light", out_dir=tmp_path)
+    again.snapshot()
+    with pytest.raises(ProfileFormatError, match=r"no new \*_ascend_pt folder.*only older"):
+        again.trace()
+    with pytest.raises(ProfileFormatError, match=r"no new \*_ascend_pt folder"):
         NpuProfilerSession(level="light", out_dir=tmp_path / "empty").trace()
 
 

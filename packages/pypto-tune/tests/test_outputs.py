@@ -14,6 +14,7 @@ from pypto_tune import (
     load_profile,
     plot_blocks,
     to_markdown,
+    write_outputs,
     write_profile,
 )
 from pypto_tune.records import SCHEMA_VERSION
@@ -65,7 +66,7 @@ def test_missing_profile_file(tmp_path):
         load_profile(tmp_path / "absent.json")
 
 
-def test_oversize_profile_is_refused(tmp_path, monkeypatch):
+def test_oversize_profile_is_refused_by_the_bytes_read(tmp_path, monkeypatch):
     import pypto_tune.outputs as outputs
 
     path = tmp_path / "p.json"
@@ -79,8 +80,9 @@ def test_markdown_names_steps_blocks_findings_and_commands(eager_profile):
     md = to_markdown(eager_profile)
     assert "## Time by block" in md
     assert "host gaps" in md
-    assert "host_bound" in md
-    assert "pypto-bench run" in md
+    assert eager_profile.findings  # generate's per-step stopping check at least
+    assert all(f"**{f['id']}**" in md for f in eager_profile.findings)
+    assert all(r["command"] in md for r in eager_profile.recommendations if r.get("command"))
 
 
 def test_chrome_trace_nests_modules_inside_steps(eager_profile, tmp_path):
@@ -111,3 +113,62 @@ def test_chrome_trace_needs_the_raw_trace(tmp_path, eager_profile):
 def test_plot_writes_a_png(tmp_path, eager_profile):
     path = plot_blocks(eager_profile, tmp_path / "b.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+OUTPUTS = ("profile.json", "profile.md", "trace.json", "breakdown.png")
+
+
+def test_outputs_replace_planted_symlinks_and_leave_their_targets(tmp_path, eager_profile):
+    """A link planted at each output's name (to a file outside --out) is replaced by the
+    output; the file it pointed to is untouched (every output: temp file + rename)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in OUTPUTS:
+        (outside / name).write_bytes(b"keep me")
+        (out / name).symlink_to(outside / name)
+    written = write_outputs(eager_profile, out)
+    assert set(written) == {"profile", "markdown", "trace", "plot"}
+    for name in OUTPUTS:
+        assert (outside / name).read_bytes() == b"keep me", name
+        assert not (out / name).is_symlink(), name
+        assert (out / name).is_file(), name
+    assert (out / "breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert load_profile(out / "profile.json").step_us == pytest.approx(eager_profile.step_us)
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # no temp files left
+    mode = (out / "profile.json").stat().st_mode & 0o777
+    assert mode == 0o666 & ~_umask()  # what a plain open() would have given
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_write_profile_replaces_a_planted_symlink(tmp_path, eager_profile):
+    target = tmp_path / "victim.txt"
+    target.write_text("keep me")
+    link = tmp_path / "p.json"
+    link.symlink_to(target)
+    write_profile(eager_profile, link)
+    assert target.read_text() == "keep me"
+    assert not link.is_symlink()
+    assert load_profile(link).meta["arm"] == "eager"
+
+
+def test_non_finite_numbers_are_written_as_null_and_read_back(tmp_path, eager_profile):
+    import copy
+
+    prof = copy.copy(eager_profile)
+    prof.peaks = {**eager_profile.peaks, "bandwidth_bytes_per_s": float("nan")}
+    prof.findings = [{**f, "evidence": {"x": float("inf")}} for f in eager_profile.findings]
+    path = write_profile(prof, tmp_path / "p.json")
+    assert "NaN" not in path.read_text()
+    assert "Infinity" not in path.read_text()
+    back = load_profile(path)
+    assert back.peaks["bandwidth_bytes_per_s"] is None
+    to_markdown(back)  # a null peak prints, it does not raise

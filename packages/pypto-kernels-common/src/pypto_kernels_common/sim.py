@@ -124,9 +124,10 @@ def _quiet_config(root: Path) -> Path | None:
         args.append("Model.drawPngThresholdCycle=0")
     dst = root / f"tile_fwk_config-{dist.version}.json"
     root.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_suffix(f".{os.getpid()}.tmp")  # two processes may write it at once
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(dst)
+    from pypto_common import atomic_write_text
+
+    # A unique temp file + rename: two processes may write it at once, a link is replaced.
+    atomic_write_text(dst, json.dumps(data, indent=2))
     return dst
 
 

@@ -573,8 +573,8 @@ def summarize(baseline: dict[str, Any], pypto: dict[str, Any]) -> dict[str, Any]
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    from pypto_common import atomic_write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False))

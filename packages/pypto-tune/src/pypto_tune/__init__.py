@@ -4,7 +4,7 @@ Library first; the ``pypto-tune`` CLI is a thin layer over these functions.
 """
 
 from .advise import advise
-from .collect import LEVELS, ModuleScopes, profile
+from .collect import LEVELS, ModuleScopes
 from .compare import compare_profiles, comparison_markdown
 from .detect import Thresholds, diagnose
 from .errors import (
@@ -12,13 +12,14 @@ from .errors import (
     BadInputError,
     EnvironmentMissingError,
     NotComparableError,
+    OutputWriteError,
     ProfileFailedError,
     ProfileFormatError,
     SearchFailedError,
     TuneError,
 )
 from .microbench import kv_layout_times
-from .model import profile_model, profile_step
+from .model import profile, profile_model, profile_step
 from .outputs import (
     chrome_trace,
     load_profile,
@@ -45,6 +46,7 @@ __all__ = [
     "NotComparableError",
     "OpEvent",
     "OpStat",
+    "OutputWriteError",
     "Profile",
     "ProfileFailedError",
     "ProfileFormatError",

@@ -13,8 +13,17 @@ import shlex
 from typing import Any
 
 from .detect import Thresholds, diagnose
-from .records import Profile
+from .records import Profile, not_a_profile
 from .summary import HEAVY_OP_PATTERNS, HOST_OVERHEAD_OPS, op_time
+
+__all__ = [
+    "CAPTURE_RECOVERY",
+    "COMPILE_RECOVERY",
+    "advise",
+    "amdahl",
+    "capture_floor",
+    "recovery",
+]
 
 #: How much of a host gap graph capture is assumed to remove (the rest: replay launch,
 #: input copies). The compare command checks the estimate afterwards.
@@ -72,6 +81,21 @@ def _tune_command(p: Profile, arm: str, **overrides: Any) -> str:
     _, args = _model_args(p, overrides)
     out = f"profile-{arm.replace('+', '-')}"
     return shlex.join(["pypto-tune", "profile", *args, "--arm", arm, "--out", out])
+
+
+def _bisect_command(p: Profile) -> str:
+    """``pypto-capture bisect`` on the profiled model, device, dtype and attention."""
+    cfg = p.meta.get("bench_config") or {}
+    copied = {
+        "--device": cfg.get("device"),
+        "--dtype": cfg.get("dtype"),
+        "--attn-implementation": cfg.get("attn_implementation"),
+        "--batch-size": cfg.get("batch"),
+        "--backend": None if cfg.get("graph_backend") == "auto" else cfg.get("graph_backend"),
+    }
+    flags = [x for flag, v in copied.items() if v is not None for x in (flag, str(v))]
+    model = str(cfg.get("model_path") or "DIR")
+    return shlex.join(["pypto-capture", "bisect", "--model-path", model, *flags])
 
 
 def _plugins(p: Profile) -> list[dict[str, Any]]:
@@ -255,7 +279,7 @@ def _recommend(p: Profile, f: dict[str, Any]) -> dict[str, Any] | None:
             title="remove the graph breaks / recompiles (each break returns to Python)",
             action="find the first cause with `pypto-capture bisect` and `pypto-capture explain`; "
             "see the reasons in the evidence",
-            command=f"pypto-capture bisect --model-path {shlex.quote(str((p.meta.get('bench_config') or {}).get('model_path') or 'DIR'))}",
+            command=_bisect_command(p),
             estimated_speedup=amdahl(s, 1.0 / (1 - CAPTURE_RECOVERY)),
             basis=f"{s:.0%} of the step is host time outside compiled code",
             applies_when={"changed": "modeling"},
@@ -317,14 +341,17 @@ def advise(
 ) -> Profile:
     """Diagnose ``p`` and fill ``findings`` and ``recommendations`` (best estimate first).
 
-    On NPU profiles, where ``npu_output`` (the ``*_ascend_pt`` folder) is given, the
+    On NPU profiles, where ``npu_output`` (the ``*_ascend_pt`` folder) is given (or the
+    profile was recorded in this process and names its folder), the
     flagged matmuls also get an operator-tuning configuration and msprof-analyze's
     advisor runs on the same data where it is installed, its findings merged with
     their source named.
     """
+    if not isinstance(p, Profile):
+        raise TypeError(not_a_profile("advise", "its first argument", p))
     th = thresholds or Thresholds()
-    p.meta["thresholds"] = th.to_dict()
     p.findings = diagnose(p, th)
+    p.meta["thresholds"] = th.to_dict()
     recs = []
     for f in p.findings:
         rec = _recommend(p, f)
@@ -338,7 +365,9 @@ def advise(
         ):
             merged[key] = rec
     p.recommendations = sorted(merged.values(), key=lambda r: -(r.get("estimated_speedup") or 0))
-    folder = npu_output or p.meta.get("profiler_output")
+    # A profile read back from JSON names a folder nobody checked: only a profile recorded
+    # in this process (its raw trace in memory) or an explicit npu_output is written to.
+    folder = npu_output or (p.meta.get("profiler_output") if p.trace is not None else None)
     if p.meta.get("device_type") == "npu" and folder:
         _npu_extras(p, str(folder))
     return p

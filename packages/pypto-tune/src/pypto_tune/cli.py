@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,11 @@ from typing import Any
 from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
 from .errors import EXIT, BadInputError, TuneError
+
+__all__ = [
+    "OWN_LOGGERS",
+    "main",
+]
 
 log = logging.getLogger("pypto_tune")
 
@@ -237,8 +243,10 @@ def _compare(args: argparse.Namespace) -> int:
     from .compare import compare_profiles, comparison_markdown
     from .outputs import load_profile
 
-    if args.tolerance < 1.0:
-        raise BadInputError(f"--tolerance must be >= 1 (a factor), got {args.tolerance}")
+    if not math.isfinite(args.tolerance) or args.tolerance < 1.0:
+        raise BadInputError(
+            f"--tolerance must be a finite factor >= 1 (e.g. 2), got {args.tolerance}"
+        )
     result = compare_profiles(
         load_profile(args.base),
         load_profile(args.opt),

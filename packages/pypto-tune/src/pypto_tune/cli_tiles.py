@@ -16,6 +16,14 @@ from pypto_common import add_verbosity_flags, redact, redact_obj
 from .errors import EXIT, BadInputError, TuneError
 from .tiles import DEFAULT_BUDGET, TileSearchResult, tile_search
 
+__all__ = [
+    "DTYPES",
+    "format_table",
+    "parse_shape",
+    "register",
+    "run",
+]
+
 DTYPES = ("bf16", "fp16", "fp32")
 _EPILOG = """\
 examples:

@@ -20,6 +20,21 @@ from typing import Any
 from .errors import BadInputError, EnvironmentMissingError
 from .records import MODULE_SCOPE_PREFIX, ROOT_SCOPE, OpEvent, RawTrace, Span
 
+__all__ = [
+    "ITERATION_MARKER",
+    "LAUNCH_PROBE",
+    "LEVELS",
+    "PREFILL_MARKER",
+    "STEP_MARKER",
+    "Collected",
+    "ModuleScopes",
+    "TorchProfilerSession",
+    "is_stack_failure",
+    "iterate_marked",
+    "launch_probe",
+    "profile",
+]
+
 log = logging.getLogger(__name__)
 
 LEVELS = ("light", "detail")
@@ -172,7 +187,7 @@ class TorchProfilerSession:
     """``torch.profiler`` on CPU (and CUDA): light = operator timings, detail = shapes,
     memory, stacks and FLOP estimates."""
 
-    def __init__(self, *, level: str, device_type: str) -> None:
+    def __init__(self, *, level: str, device_type: str, with_stack: bool | None = None) -> None:
         torch = _torch()
         acts = [torch.profiler.ProfilerActivity.CPU]
         if device_type == "cuda":
@@ -184,7 +199,7 @@ class TorchProfilerSession:
             activities=acts,
             record_shapes=detail,
             profile_memory=detail,
-            with_stack=detail,
+            with_stack=detail if with_stack is None else with_stack,
             with_flops=detail,
         )
 
@@ -269,7 +284,9 @@ class Collected:
         self.output_dir: Path | None = None
 
 
-def _session(level: str, device_type: str, out_dir: Path | None) -> Any:
+def _session(
+    level: str, device_type: str, out_dir: Path | None, with_stack: bool | None = None
+) -> Any:
     if device_type == "npu":
         from .npu import NpuProfilerSession
 
@@ -279,7 +296,25 @@ def _session(level: str, device_type: str, out_dir: Path | None) -> Any:
         raise EnvironmentMissingError(
             f"no profiler backend for device type {device_type!r}: use cpu, cuda or npu"
         )
-    return TorchProfilerSession(level=level, device_type=device_type)
+    return TorchProfilerSession(level=level, device_type=device_type, with_stack=with_stack)
+
+
+def is_stack_failure(err: BaseException) -> bool:
+    """Whether ``err`` (or an exception it arose from) is torch.profiler's Python-stack
+    collection failing to decode a frame (a file or function name that is not UTF-8):
+    the step itself is fine and runs again without stacks."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = str(e).lower()
+        if isinstance(e, UnicodeError) or "utf-8" in text or "utf8" in text:
+            return True
+        todo += [e.__cause__, e.__context__]
+    return False
 
 
 class profile:
@@ -292,19 +327,25 @@ class profile:
     """
 
     def __init__(
-        self, *, level: str = "light", device: Any = "cpu", output_dir: str | Path | None = None
+        self,
+        *,
+        level: str = "light",
+        device: Any = "cpu",
+        output_dir: str | Path | None = None,
+        with_stack: bool | None = None,
     ) -> None:
         if level not in LEVELS:
             raise BadInputError(f"unknown level {level!r}: choose light or detail")
         self.level = level
         self.device_type = _torch().device(device).type
         self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.with_stack = with_stack  # None: the level decides (detail records stacks)
         self._session: Any = None
         self._collected: Collected | None = None
 
     def __enter__(self) -> Collected:
         self._collected = Collected(self.level, self.device_type)
-        self._session = _session(self.level, self.device_type, self.output_dir)
+        self._session = _session(self.level, self.device_type, self.output_dir, self.with_stack)
         self._session.__enter__()
         return self._collected
 
@@ -320,7 +361,10 @@ class profile:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             session = profile(
-                level=outer.level, device=outer.device_type, output_dir=outer.output_dir
+                level=outer.level,
+                device=outer.device_type,
+                output_dir=outer.output_dir,
+                with_stack=outer.with_stack,
             )
             with session as got:
                 torch = _torch()

@@ -9,15 +9,23 @@ the factor between predicted and measured speedup (1.0 = exact); within
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
-from .errors import NotComparableError
-from .records import Profile
+from .errors import BadInputError, NotComparableError
+from .records import Profile, not_a_profile
 from .summary import op_time
+
+__all__ = [
+    "compare_profiles",
+    "comparison_markdown",
+]
 
 #: What must match for two profiles to be compared (the arm and settings may differ).
 _SAME = ("regime", "batch", "seq", "gen")
+#: ...and what they ran on: a speedup across devices or dtypes is not the fix's.
+_SAME_RUN = (("device_type", "device"), ("dtype", "dtype"))
 
 
 def _model_id(p: Profile) -> tuple[Any, Any]:
@@ -43,7 +51,14 @@ def compare_profiles(
     tolerance: float = 2.0,
     top: int = 10,
 ) -> dict[str, Any]:
-    """The diff and the prediction check; raises NotComparableError for different runs."""
+    """The diff and the prediction check; raises NotComparableError for different runs
+    (model, regime, shapes, device type or dtype) and ``TypeError`` for arguments that
+    are not profiles."""
+    for name, value in (("base", base), ("opt", opt)):
+        if not isinstance(value, Profile):
+            raise TypeError(not_a_profile("compare_profiles", name, value))
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 1):
+        raise BadInputError(f"tolerance must be a finite factor >= 1 (e.g. 2), got {tolerance!r}")
     for key in _SAME:
         if base.meta.get(key) != opt.meta.get(key):
             raise NotComparableError(
@@ -56,6 +71,13 @@ def compare_profiles(
             f"the profiles' steps are different units ({units[0]!r} vs {units[1]!r}): "
             "a per-forward profile cannot be compared with a per-iteration one"
         )
+    for key, flag in _SAME_RUN:
+        if base.meta.get(key) != opt.meta.get(key):
+            raise NotComparableError(
+                f"the profiles ran on different {key.replace('_type', 's')} "
+                f"({base.meta.get(key)!r} vs {opt.meta.get(key)!r}): profile both with the "
+                f"same --{flag}"
+            )
     if _model_id(base) != _model_id(opt):
         raise NotComparableError(
             f"the profiles are of different models ({_model_id(base)} vs {_model_id(opt)}): "

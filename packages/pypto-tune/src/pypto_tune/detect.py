@@ -9,12 +9,31 @@ with Amdahl's law, so every estimate can be traced to two measured numbers.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .records import Profile
+from .records import Profile, not_a_profile
 from .summary import CAST_OPS, MATMUL_OPS, SYNC_OPS, matmul_dims, op_time
+
+__all__ = [
+    "ALIGNMENT",
+    "DETECTORS",
+    "Thresholds",
+    "detect_aicpu",
+    "detect_attention_memory_bound",
+    "detect_casts",
+    "detect_graph_breaks",
+    "detect_host_bound",
+    "detect_host_syncs",
+    "detect_kv_layout",
+    "detect_matmul_efficiency",
+    "detect_memory_growth",
+    "detect_norm_launch_overhead",
+    "diagnose",
+    "kv_layout_suspects",
+]
 
 #: Tile alignment of matmul dimensions per device type (elements): the cube unit's
 #: 16x16 fractal on Ascend, tensor-core friendly multiples on CUDA, AVX-512 lanes on CPU.
@@ -55,9 +74,14 @@ class Thresholds:
                     f"unknown threshold {pair!r}: use NAME=VALUE with NAME one of {', '.join(sorted(known))}"
                 )
             try:
-                values[name] = float(raw)
+                value = float(raw)
             except ValueError:
                 raise ValueError(f"threshold {name} needs a number, got {raw!r}") from None
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"threshold {name} needs a finite number >= 0, got {raw.strip()!r}"
+                )
+            values[name] = value
         return cls(**values)
 
     def to_dict(self) -> dict[str, float]:
@@ -100,6 +124,10 @@ def detect_matmul_efficiency(p: Profile, th: Thresholds) -> list[dict[str, Any]]
     Attainable = min(measured matmul peak, arithmetic intensity x measured bandwidth):
     a batch-1 GEMV is judged against bandwidth, a prefill GEMM against compute, so a
     memory-bound decode matmul is not called slow for missing the compute peak.
+
+    In a decode step a matmul's M is the batch (one new token per sequence; 1 per
+    sequence in a batched matmul): nothing to pad or tile there, since a decode GEMV
+    costs its weight read whatever M is. Those shapes are skipped.
     """
     peak = p.peaks.get("matmul_flops_per_s")
     bw = p.peaks.get("bandwidth_bytes_per_s")
@@ -125,7 +153,11 @@ def detect_matmul_efficiency(p: Profile, th: Thresholds) -> list[dict[str, Any]]
             g["modules"].append(op.module)
     out = []
     launch = float(p.step.get("launch_us") or p.peaks.get("op_launch_us") or 0.0)
+    decode = p.meta.get("regime") == "decode"
+    batch = p.meta.get("batch") if isinstance(p.meta.get("batch"), int) else 1
     for (name, (b, m, n, k)), g in groups.items():
+        if decode and (m == batch or (b > 1 and m == 1)):
+            continue  # a decode step's rows: M is the batch, not a shape to pad
         share = g["us"] / step
         if g["us"] <= 0 or share < th.matmul_min_share:
             continue
@@ -463,7 +495,18 @@ DETECTORS = (
 
 
 def diagnose(p: Profile, thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
-    """Every detector's findings, largest share of the step first."""
+    """Every detector's findings, largest share of the step first.
+
+    Raises ``TypeError`` when ``p`` is not a :class:`Profile` or ``thresholds`` not a
+    :class:`Thresholds`, naming what to pass.
+    """
+    if not isinstance(p, Profile):
+        raise TypeError(not_a_profile("diagnose", "its first argument", p))
+    if thresholds is not None and not isinstance(thresholds, Thresholds):
+        raise TypeError(
+            f"diagnose() takes thresholds as pypto_tune.Thresholds, got "
+            f"{type(thresholds).__name__}: pass Thresholds(...) or Thresholds.from_pairs([...])"
+        )
     th = thresholds or Thresholds()
     found: list[dict[str, Any]] = []
     for detector in DETECTORS:

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from pypto_common import ExitCodeTable
 
+__all__ = [
+    "EXIT",
+    "BadInputError",
+    "EnvironmentMissingError",
+    "NotComparableError",
+    "OutputWriteError",
+    "ProfileFailedError",
+    "ProfileFormatError",
+    "SearchFailedError",
+    "TuneError",
+]
+
 #: pypto-tune's exit codes (shared 0-3 plus its own range 80-89).
 EXIT = ExitCodeTable(
     "pypto-tune",
@@ -24,6 +36,12 @@ EXIT = ExitCodeTable(
             "compare: the two profiles measure different models, regimes or shapes",
         ),
         (83, "SEARCH_FAILED", "tile-search: no candidate tiling ran in the cost model"),
+        (
+            84,
+            "WRITE_FAILED",
+            "an output (--out, advise --write) could not be written: disk full, read-only "
+            "or not a folder; the path is named",
+        ),
     ],
 )
 
@@ -62,6 +80,12 @@ class NotComparableError(TuneError):
     """Two profiles that do not measure the same thing."""
 
     exit_code = EXIT.NOT_COMPARABLE
+
+
+class OutputWriteError(TuneError):
+    """An output file could not be written (full disk, read-only file system...)."""
+
+    exit_code = EXIT.WRITE_FAILED
 
 
 class SearchFailedError(TuneError):

@@ -11,6 +11,11 @@ import statistics
 import time
 from typing import Any
 
+__all__ = [
+    "attention_shapes",
+    "kv_layout_times",
+]
+
 
 def attention_shapes(model: Any, batch: int, context: int) -> dict[str, int]:
     cfg = model.config

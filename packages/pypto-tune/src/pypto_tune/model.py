@@ -16,10 +16,31 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .collect import ITERATION_MARKER, LEVELS, ModuleScopes, launch_probe, profile
+from .collect import (
+    ITERATION_MARKER,
+    LEVELS,
+    ModuleScopes,
+    is_stack_failure,
+    launch_probe,
+)
+from .collect import profile as raw_profile
 from .errors import BadInputError, EnvironmentMissingError, ProfileFailedError, TuneError
 from .records import Profile
 from .summary import summarize
+
+__all__ = [
+    "ProgressFn",
+    "counter_delta",
+    "dynamo_counters",
+    "kernel_plugins_for",
+    "measure_launch_overhead",
+    "measure_peaks",
+    "measure_replay_overhead",
+    "memory_sample",
+    "profile",
+    "profile_model",
+    "profile_step",
+]
 
 log = logging.getLogger(__name__)
 
@@ -211,31 +232,50 @@ def profile_step(
     say = progress or (lambda _m: None)
     dev = torch.device(device)
     started = time.time()
-    mem_kind = ""
-    samples: list[int | None] = []
+    stacks_dropped: str | None = None
+
+    def profiled(with_stack: bool | None) -> tuple[Any, Any, str, list[int | None]]:
+        scopes = (
+            ModuleScopes(model, prefill_marks=regime == "decode") if model is not None else None
+        )
+        kind = ""
+        values: list[int | None] = []
+        try:
+            if scopes is not None:
+                scopes.attach()
+            with raw_profile(
+                level=level, device=dev, output_dir=output_dir, with_stack=with_stack
+            ) as got:
+                for i in range(iters):
+                    say(f"profiled iteration {i + 1}/{iters}")
+                    with torch.profiler.record_function(ITERATION_MARKER):
+                        step()
+                    kind, value = memory_sample(dev)
+                    values.append(value)
+                launch_probe(dev)
+        finally:
+            if scopes is not None:
+                scopes.detach()
+        return got, scopes, kind, values
+
     try:
         first = dynamo_counters()
         for i in range(warmup):
             say(f"warmup {i + 1}/{warmup}")
             step()
         before = dynamo_counters()
-        scopes = (
-            ModuleScopes(model, prefill_marks=regime == "decode") if model is not None else None
-        )
         try:
-            if scopes is not None:
-                scopes.attach()
-            with profile(level=level, device=dev, output_dir=output_dir) as got:
-                for i in range(iters):
-                    say(f"profiled iteration {i + 1}/{iters}")
-                    with torch.profiler.record_function(ITERATION_MARKER):
-                        step()
-                    mem_kind, value = memory_sample(dev)
-                    samples.append(value)
-                launch_probe(dev)
-        finally:
-            if scopes is not None:
-                scopes.detach()
+            got, scopes, mem_kind, samples = profiled(None)
+        except Exception as err:
+            if level != "detail" or dev.type == "npu" or not is_stack_failure(err):
+                raise
+            # torch.profiler could not decode a Python frame (a file or function name that
+            # is not UTF-8): the step is fine, only the stacks are lost. Run it again
+            # without them rather than lose the profile.
+            stacks_dropped = " ".join(str(err.__context__ or err).split())[:200]
+            log.warning("detail profile without Python stacks: %s", stacks_dropped)
+            say("stack collection failed; profiling again without Python stacks")
+            got, scopes, mem_kind, samples = profiled(False)
         after = dynamo_counters()
         counters = counter_delta(before, after)
         # Graph breaks are found when a frame is compiled (the warmup), not when it runs.
@@ -273,6 +313,7 @@ def profile_step(
         # Where a vendor profiler wrote its own output (the NPU's *_ascend_pt folder).
         "profiler_output": str(got.output_dir) if got.output_dir is not None else None,
     }
+    full_meta["stacks"] = level == "detail" and stacks_dropped is None
     full_meta.update(meta or {})
     valid = [m for m in samples if m is not None]
     memory = {
@@ -289,6 +330,12 @@ def profile_step(
         counters=counters,
         memory=memory,
     )
+    if stacks_dropped is not None:
+        prof.warnings.append(
+            "Python stacks were not recorded: torch.profiler failed to collect them "
+            f"({stacks_dropped}); the step was profiled again without stacks, every other "
+            "detail figure is complete"
+        )
     if model is None:
         for op in prof.ops:
             if op.module is None:
@@ -466,3 +513,75 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
+
+
+class profile(raw_profile):
+    """Profile a block of your own code; with ``model=`` you get module attribution.
+
+    ``with profile(model=m) as got: m(x)`` attaches a profiler range to every submodule
+    of ``m`` for the block and yields a :class:`Profile` that is filled when the block
+    ends: ``got.step_us``, ``got.blocks``, ``got.ops`` (each with its module),
+    ``got.call_graph``, and ``advise(got)`` works on it. Each forward of ``m`` is a step;
+    with ``regime="decode"`` a forward over more than one position (a prompt) is not.
+    Without ``model`` it yields the raw collection (``got.trace``, a :class:`RawTrace`)
+    as before; ``@profile(...)`` on a function profiles each call (``wrapper.last``).
+    """
+
+    def __init__(self, *, model: Any = None, regime: str = "prefill", **options: Any) -> None:
+        """``options``: the raw profiler's (``level``, ``device``, ``output_dir``,
+        ``with_stack``)."""
+        super().__init__(**options)
+        if model is not None and not callable(getattr(model, "named_modules", None)):
+            raise TypeError(
+                f"profile(model=...) takes a torch.nn.Module, got {type(model).__name__}: "
+                "pass the model whose forward runs inside the block"
+            )
+        self.model = model
+        self.regime = regime
+        self._scopes: ModuleScopes | None = None
+        self._result: Profile | None = None
+
+    def __enter__(self) -> Any:
+        if self.model is None:
+            return super().__enter__()
+        self._scopes = ModuleScopes(self.model, prefill_marks=self.regime == "decode").attach()
+        try:
+            super().__enter__()
+        except BaseException:
+            self._scopes.detach()
+            raise
+        self._result = Profile(meta={}, peaks={}, step={}, ops=[], blocks={}, call_graph=[])
+        return self._result
+
+    def __exit__(self, *exc: object) -> None:
+        if self.model is None:
+            super().__exit__(*exc)
+            return
+        assert self._scopes is not None
+        assert self._result is not None
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._scopes.detach()
+        collected = self._collected
+        if exc[0] is not None or collected is None or collected.trace is None:
+            return
+        import torch
+
+        trace = collected.trace
+        done = summarize(
+            trace,
+            regime=self.regime,
+            meta={
+                "regime": self.regime,
+                "level": self.level,
+                "device_type": self.device_type,
+                "profiler": trace.backend,
+                "arm": "eager",
+                "model": {"class": type(self.model).__name__},
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+            classes=self._scopes.classes,
+        )
+        vars(self._result).update(vars(done))

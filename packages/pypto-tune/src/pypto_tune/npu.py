@@ -21,18 +21,40 @@ import os
 import re
 import shlex
 import shutil
-import stat
 import subprocess
 import tempfile
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
-from pypto_common import atomic_write_text, known_secrets, redact, redact_argv
+from pypto_common import (
+    UntrustedFileError,
+    atomic_write_text,
+    known_secrets,
+    loads_bounded,
+    read_regular_file,
+    redact,
+    redact_argv,
+)
 from pypto_common.npu_api import NpuApi, NpuName, parse_table
 
-from .errors import BadInputError, EnvironmentMissingError, ProfileFormatError
+from .errors import BadInputError, EnvironmentMissingError, OutputWriteError, ProfileFormatError
 from .records import MODULE_SCOPE_PREFIX, STEP_MARKERS, OpEvent, RawTrace, Span
+
+__all__ = [
+    "ADVISOR_SOURCE",
+    "AOE_DOC",
+    "LEVELS",
+    "MAX_FILE_BYTES",
+    "NPU_API",
+    "NpuProfilerSession",
+    "aoe_command",
+    "operator_tuning_config",
+    "parse_advisor_table",
+    "read_ascend_output",
+    "run_msprof_advisor",
+    "runs_in",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +141,7 @@ class NpuProfilerSession:
         self.level = level
         self.out_dir = Path(out_dir)
         self._prof: Any = None
+        self._before: set[str] = set()
 
     @staticmethod
     def _check_environment() -> None:
@@ -165,6 +188,7 @@ class NpuProfilerSession:
     def __enter__(self) -> NpuProfilerSession:
         self._check_environment()  # before touching the disk
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.snapshot()
         try:
             self._prof = self._build()
         except AttributeError as exc:  # a name NPU_API lists is missing from this wheel
@@ -180,20 +204,42 @@ class NpuProfilerSession:
         if prof is not None:
             prof.stop()
 
+    def snapshot(self) -> set[str]:
+        """Note the ``*_ascend_pt`` runs already in ``out_dir`` (called on entering), so
+        :meth:`trace` reads the run this session recorded, never an older one."""
+        self._before = {p.name for p in runs_in(self.out_dir)}
+        return set(self._before)
+
     def trace(self) -> RawTrace:
-        """The RawTrace of the newest ``*_ascend_pt`` folder this session's out_dir holds."""
-        found = [
-            p
-            for p in (self.out_dir.iterdir() if self.out_dir.is_dir() else ())
-            if p.name.endswith("_ascend_pt") and p.is_dir() and not p.is_symlink()
-        ]
+        """The RawTrace of the ``*_ascend_pt`` folder this session wrote into ``out_dir``:
+        one not there when it started (:meth:`snapshot`), the newest if several are."""
+        before: set[str] = getattr(self, "_before", set())
+        found = [p for p in runs_in(self.out_dir) if p.name not in before]
         if not found:
+            older = f" (only older runs: {', '.join(sorted(before))[:120]})" if before else ""
             raise ProfileFormatError(
-                f"no *_ascend_pt folder under {self.out_dir}: torch_npu.profiler wrote nothing; "
-                "check the plog (~/ascend/log) and that the profiled block ran on the NPU"
+                f"no new *_ascend_pt folder under {self.out_dir}{older}: torch_npu.profiler "
+                "wrote nothing; check the plog (~/ascend/log) and that the profiled block ran "
+                "on the NPU"
             )
-        newest = max(found, key=lambda p: (p.stat().st_mtime, p.name))
-        return read_ascend_output(newest)
+
+        def age(p: Path) -> tuple[float, str]:
+            try:
+                return (p.stat().st_mtime, p.name)
+            except OSError:
+                return (0.0, p.name)
+
+        return read_ascend_output(max(found, key=age))
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The ``*_ascend_pt`` run folders directly in ``folder`` (links are not runs)."""
+    try:
+        entries = list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return []
+    return [p for p in entries
+            if p.name.endswith("_ascend_pt") and not p.is_symlink() and p.is_dir()]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- reading
@@ -228,16 +274,21 @@ class _Folder:
             raise BadInputError(
                 f"{given} is not a folder; pass a *_ascend_pt folder or its {_OUTPUT_DIR}"
             )
-        self.root = given.resolve()
+        self.root = _resolve(given, f"{given}: is a symlink loop; pass the real folder")
         self.max_bytes = max_bytes
         out = self.root if self.root.name == _OUTPUT_DIR else self.root / _OUTPUT_DIR
-        if not out.exists():
+        if not os.path.lexists(out):
             raise ProfileFormatError(
                 f"{self.root}: no {_OUTPUT_DIR} folder (torch_npu's parsing did not run); run "
                 f"torch_npu.profiler.profiler.analyse('{self.root}') where it was recorded"
             )
-        if not out.resolve().is_relative_to(self.root) or not out.resolve().is_dir():
+        real = _resolve(out, f"{_OUTPUT_DIR}: is a symlink loop (in {self.root}); not read")
+        if not real.is_relative_to(self.root):
             raise ProfileFormatError(f"{_OUTPUT_DIR}: is a link leaving {self.root}; not read")
+        if not real.is_dir():
+            raise ProfileFormatError(
+                f"{_OUTPUT_DIR}: is not a folder (in {self.root}); not torch_npu's output"
+            )
         self.out = out
 
     def fail(self, name: str, problem: str) -> ProfileFormatError:
@@ -248,23 +299,19 @@ class _Folder:
         path = self.out / name
         if not os.path.lexists(path):
             return None
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+            raise self.fail(name, "is a symlink loop; not read") from None
         if not real.is_relative_to(self.root):
             raise self.fail(name, "is a symlink pointing outside the profile folder; not read")
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            data = read_regular_file(real, self.max_bytes)
+        except UntrustedFileError as exc:
+            cap = "; profile fewer steps" if "limit" in str(exc) else ""
+            raise self.fail(name, f"{exc}{cap}".replace("limit", "cap")) from None
         except OSError as exc:
-            raise self.fail(name, f"cannot be opened ({exc.strerror})") from None
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise self.fail(name, "is not a regular file")
-            if st.st_size > self.max_bytes:
-                cap = f"over the {self.max_bytes}-byte cap; profile fewer steps"
-                raise self.fail(name, f"is {st.st_size} bytes, {cap}")
-            data = fh.read(self.max_bytes + 1)
-        if len(data) > self.max_bytes:
-            raise self.fail(name, f"grew past the {self.max_bytes}-byte cap while being read")
+            raise self.fail(name, f"cannot be opened ({exc.strerror or exc})") from None
         try:
             return data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
@@ -316,7 +363,17 @@ def _args(ev: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tid(value: Any) -> int:
-    return int(value) if isinstance(value, int) or str(value).isdigit() else 0
+    if type(value) is int:
+        return value
+    text = str(value) if isinstance(value, (str, float)) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else 0
+
+
+def _resolve(path: Path, problem: str) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ProfileFormatError(problem) from None
 
 
 def _need(folder: _Folder, name: str, value: Any, what: str) -> float:
@@ -334,6 +391,9 @@ def _core(value: str | None) -> str | None:
     return _CORES.get(key.replace("_", ""), _CORES.get(key, key))
 
 
+_DIM = re.compile(r"-?[0-9]{1,18}")
+
+
 def _per_tensor(text: str, dtype: bool = False) -> list[Any] | None:
     """``"1,4096;4096,11008"`` -> [[1, 4096], [4096, 11008]]; ``"DT_BF16;INT64"`` -> bf16, int64."""
     text = text.strip().strip('"')
@@ -343,7 +403,7 @@ def _per_tensor(text: str, dtype: bool = False) -> list[Any] | None:
         keys = [t.strip().upper().removeprefix("DT_") for t in text.split(";")]
         return [_DTYPES.get(k, k.lower()) for k in keys]
     dims = ([d.strip() for d in t.split(",") if d.strip()] for t in text.split(";"))
-    return [[int(d) if re.fullmatch(r"-?\d+", d) else d for d in ds] for ds in dims]
+    return [[int(d) if _DIM.fullmatch(d) else d for d in ds] for ds in dims]
 
 
 def _events(folder: _Folder) -> list[dict[str, Any]]:
@@ -352,8 +412,8 @@ def _events(folder: _Folder) -> list[dict[str, Any]]:
     if text is None:
         raise folder.fail(name, "is missing; the profile was not parsed (or was exported as db)")
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        data = loads_bounded(text)
+    except UntrustedFileError as exc:
         raise folder.fail(name, f"is not valid JSON ({exc})") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
@@ -361,6 +421,10 @@ def _events(folder: _Folder) -> list[dict[str, Any]]:
     for i, ev in enumerate(events):
         if not isinstance(ev, dict):
             raise folder.fail(name, f"event #{i} is not an object; not a Chrome trace")
+        for key in ("pid", "tid", "id"):  # keys of the lookups below: a list cannot be one
+            if isinstance(ev.get(key), (list, dict)):
+                kind = type(ev[key]).__name__
+                raise folder.fail(name, f"event #{i} has a {kind} as {key}; not a Chrome trace")
     return events
 
 
@@ -621,8 +685,15 @@ def operator_tuning_config(
         "# flagged:",
         *lines,
     ]
-    atomic_write_text(target.parent / f"{target.stem}.README.txt", "\n".join(readme) + "\n")
-    atomic_write_text(target, json.dumps(config, indent=2) + "\n")
+    for path, text in ((target.parent / f"{target.stem}.README.txt", "\n".join(readme)),
+                       (target, json.dumps(config, indent=2))):  # fmt: skip
+        try:
+            atomic_write_text(path, text + "\n")
+        except OSError as exc:
+            raise OutputWriteError(
+                f"cannot write {path} ({exc.strerror or exc}): make {path.parent} writable "
+                "or remove what is in the way"
+            ) from None
     return target
 
 

@@ -8,84 +8,119 @@ hierarchy is the nesting, so the trace reads like the model's source.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from pypto_common import atomic_write_text, redact_obj
+from pypto_common import (
+    UntrustedFileError,
+    atomic_write,
+    loads_bounded,
+    read_regular_file,
+    redact_obj,
+)
 
-from .errors import BadInputError, EnvironmentMissingError, ProfileFormatError
+from .errors import BadInputError, EnvironmentMissingError, OutputWriteError, ProfileFormatError
 from .records import SCHEMA_NAME, SCHEMA_VERSION, Profile
+from .schema import SchemaError, validate_profile
+
+__all__ = [
+    "MAX_PROFILE_BYTES",
+    "chrome_trace",
+    "load_profile",
+    "plot_blocks",
+    "to_markdown",
+    "write_chrome_trace",
+    "write_outputs",
+    "write_profile",
+]
 
 #: A profile file larger than this is refused (profiles are per-step summaries).
 MAX_PROFILE_BYTES = 64 * 2**20
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as null (JSON has no NaN; readers refuse it)."""
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, v in list(items):
+            if isinstance(v, float) and not math.isfinite(v):
+                node[key] = None
+            elif isinstance(v, (dict, list)):
+                stack.append(v)
+    return value
+
+
+def _write(path: Path, what: str, writer: Callable[[BinaryIO], object]) -> Path:
+    """The one way outputs are written (pypto_common's atomic writer: a link planted at
+    ``path`` is replaced, never followed); a failure names the path and the fix."""
+    try:
+        return atomic_write(path, writer)
+    except OSError as err:
+        raise OutputWriteError(
+            f"cannot write the {what} {path} ({err.strerror or err}): free space, or make "
+            f"{path.parent} writable, or write elsewhere (--out DIR; advise without --write)"
+        ) from None
+
+
 def write_profile(p: Profile, path: str | Path) -> Path:
     """The profile JSON, redacted (paths and command lines can carry credentials)."""
-    path = Path(path)
-    atomic_write_text(path, json.dumps(redact_obj(p.to_dict()), indent=1, default=str) + "\n")
-    return path
-
-
-_SHAPE: dict[str, type] = {
-    "meta": dict,
-    "peaks": dict,
-    "step": dict,
-    "blocks": dict,
-    "counters": dict,
-    "memory": dict,
-    "microbench": dict,
-    "ops": list,
-    "call_graph": list,
-    "findings": list,
-    "recommendations": list,
-    "warnings": list,
-}
+    text = json.dumps(_finite(redact_obj(p.to_dict())), indent=1, default=str) + "\n"
+    return _write(Path(path), "profile", lambda fh: fh.write(text.encode("utf-8")))
 
 
 def load_profile(path: str | Path) -> Profile:
-    """Read a profile written by this tool; refuses other JSON and newer majors."""
+    """Read a profile written by this tool; refuses other JSON and newer majors.
+
+    The file is read as untrusted: regular files only (a FIFO or ``/dev/zero`` is
+    refused, not read), at most ``MAX_PROFILE_BYTES`` bytes actually read, nesting and
+    integer length bounded before parsing, then every field the later stages read is
+    checked against the schema (:mod:`.schema`) once, here. Every failure is a
+    :class:`ProfileFormatError` (a missing file: :class:`BadInputError`).
+    """
     path = Path(path)
+    fix = "pass the profile.json written by `pypto-tune profile`"
     try:
-        if path.stat().st_size > MAX_PROFILE_BYTES:
-            raise ProfileFormatError(
-                f"{path}: {path.stat().st_size} bytes is larger than any pypto-tune profile; "
-                "pass the profile.json written by `pypto-tune profile`"
-            )
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_regular_file(path, MAX_PROFILE_BYTES)
     except FileNotFoundError:
-        raise BadInputError(
-            f"{path}: no such file; pass a profile.json written by `pypto-tune profile`"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ProfileFormatError(
-            f"{path}: not readable JSON ({' '.join(str(err).split())[:120]}); pass a pypto-tune profile.json"
-        ) from None
+        raise BadInputError(f"{path}: no such file; {fix}") from None
+    except UntrustedFileError as err:
+        if "limit" in str(err):
+            raise ProfileFormatError(
+                f"{path}: larger than any pypto-tune profile ({err}); {fix}"
+            ) from None
+        raise ProfileFormatError(f"{path}: {err}; {fix}") from None
+    except OSError as err:
+        raise ProfileFormatError(f"{path}: cannot be read ({err.strerror or err}); {fix}") from None
+    try:
+        data = loads_bounded(raw)
+    except UntrustedFileError as err:
+        raise ProfileFormatError(f"{path}: not readable JSON ({err}); {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_NAME:
         raise ProfileFormatError(
-            f'{path}: not a pypto-tune profile (no "schema": "{SCHEMA_NAME}"); '
-            "pass the profile.json written by `pypto-tune profile`"
+            f'{path}: not a pypto-tune profile (no "schema": "{SCHEMA_NAME}"); {fix}'
         )
     version = str(data.get("schema_version", ""))
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise ProfileFormatError(
-            f"{path}: profile schema {version!r}, this pypto-tune reads {SCHEMA_VERSION}; "
+            f"{path}: profile schema {version[:40]!r}, this pypto-tune reads {SCHEMA_VERSION}; "
             "upgrade pypto-tune or re-profile"
         )
-    wrong = [key for key, kind in _SHAPE.items() if key in data and not isinstance(data[key], kind)]
-    step = data.get("step", {})
-    if isinstance(step, dict) and not isinstance(step.get("time_us", {}), dict):
-        wrong.append("step.time_us")
-    if wrong:
-        raise ProfileFormatError(
-            f"{path}: malformed profile (wrong type for {', '.join(wrong)}); re-profile"
-        )
     try:
-        return Profile.from_dict(data)
-    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as err:
+        validate_profile(data)
+    except SchemaError as err:
         raise ProfileFormatError(
-            f"{path}: malformed profile ({' '.join(str(err).split())[:120]}); re-profile"
+            f"{path}: malformed profile ({_clip(str(err))}); re-profile"
         ) from None
+    return Profile.from_dict(data)
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _us(v: float | None) -> str:
@@ -112,12 +147,12 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
         f"- device busy {_us(p.step.get('device_busy_us'))}, host gaps {_us(p.step.get('host_gap_us'))}, "
         f"utilisation {(p.step.get('utilisation') or 0):.0%}; bound by the "
         f"{(p.step.get('critical_path') or {}).get('bound', '?')}",
-        f"- host syncs per step: {p.step.get('host_syncs', 0):.1f}",
+        f"- host syncs per step: {p.step.get('host_syncs') or 0:.1f}",
     ]
     if p.peaks:
         lines.append(
-            f"- peaks measured in this session: matmul {p.peaks.get('matmul_flops_per_s', 0) / 1e12:.3f} TFLOP/s, "
-            f"bandwidth {p.peaks.get('bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s"
+            f"- peaks measured in this session: matmul {(p.peaks.get('matmul_flops_per_s') or 0) / 1e12:.3f} TFLOP/s, "
+            f"bandwidth {(p.peaks.get('bandwidth_bytes_per_s') or 0) / 1e9:.1f} GB/s"
         )
     lines += ["", "## Time by block", "", "| block | per step | share |", "|---|---:|---:|"]
     for name, b in sorted(p.blocks.items(), key=lambda kv: -kv[1]["us"]):
@@ -140,9 +175,12 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     if not p.findings:
         lines.append("None above the thresholds.")
     for f in p.findings:
-        lines.append(f"- **{f['id']}** ({f['share']:.1%} of the step): {f['title']}")
         lines.append(
-            f"  - threshold: {f['threshold']}; evidence: {json.dumps(f['evidence'], default=str)[:300]}"
+            f"- **{f.get('id')}** ({f.get('share') or 0:.1%} of the step): {f.get('title')}"
+        )
+        lines.append(
+            f"  - threshold: {f.get('threshold')}; "
+            f"evidence: {json.dumps(f.get('evidence'), default=str)[:300]}"
         )
     lines += ["", "## Recommendations", ""]
     if not p.recommendations:
@@ -150,7 +188,7 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     for i, r in enumerate(p.recommendations, 1):
         est = r.get("estimated_speedup")
         est_s = f"{est:.2f}x" if est else "not estimated"
-        lines.append(f"{i}. **{r['title']}** (estimated {est_s}; {r.get('basis', '')})")
+        lines.append(f"{i}. **{r.get('title')}** (estimated {est_s}; {r.get('basis', '')})")
         lines.append(f"   - action: {r.get('action')}")
         if r.get("command"):
             lines.append(f"   - command: `{r['command']}`")
@@ -226,9 +264,8 @@ def chrome_trace(p: Profile) -> dict[str, Any]:
 
 
 def write_chrome_trace(p: Profile, path: str | Path) -> Path:
-    path = Path(path)
-    atomic_write_text(path, json.dumps(chrome_trace(p), default=str))
-    return path
+    text = json.dumps(chrome_trace(p), default=str)
+    return _write(Path(path), "Chrome trace", lambda fh: fh.write(text.encode("utf-8")))
 
 
 def plot_blocks(p: Profile, path: str | Path) -> Path:
@@ -249,10 +286,10 @@ def plot_blocks(p: Profile, path: str | Path) -> Path:
     m = p.meta
     ax.set_title(f"{(m.get('model') or {}).get('class', '')} {m.get('regime')} / {m.get('arm')}")
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    try:
+        return _write(Path(path), "plot", lambda fh: fig.savefig(fh, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
@@ -261,10 +298,18 @@ def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
     import logging
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputWriteError(
+            f"cannot create the output folder {out} ({err.strerror or err}): "
+            "name a writable folder with --out"
+        ) from None
     written = {"profile": str(write_profile(p, out / "profile.json"))}
-    atomic_write_text(out / "profile.md", to_markdown(p))
-    written["markdown"] = str(out / "profile.md")
+    md = to_markdown(p).encode("utf-8")
+    written["markdown"] = str(
+        _write(out / "profile.md", "Markdown report", lambda fh: fh.write(md))
+    )
     if p.trace is not None:
         written["trace"] = str(write_chrome_trace(p, out / "trace.json"))
     try:

@@ -10,8 +10,25 @@ records. That is what keeps the NPU path from being a second implementation.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+__all__ = [
+    "BLOCK_TYPES",
+    "MODULE_SCOPE_PREFIX",
+    "ROOT_SCOPE",
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "STEP_MARKERS",
+    "OpEvent",
+    "OpStat",
+    "Profile",
+    "RawTrace",
+    "Span",
+    "block_of_module",
+    "classify_module",
+    "not_a_profile",
+]
 
 #: Version of the profile JSON; readers refuse a newer major version.
 SCHEMA_VERSION = "1.0"
@@ -207,7 +224,9 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
-        ops = [OpStat(**o) for o in data.get("ops", [])]
+        # Fields a newer minor version adds are not ours to read: keep the known ones.
+        known = {f.name for f in fields(OpStat)}
+        ops = [OpStat(**{k: v for k, v in o.items() if k in known}) for o in data.get("ops", [])]
         return cls(
             meta=dict(data.get("meta", {})),
             peaks=dict(data.get("peaks", {})),
@@ -226,3 +245,15 @@ class Profile:
     @property
     def step_us(self) -> float:
         return float(self.step.get("time_us", {}).get("mean") or 0.0)
+
+
+def not_a_profile(function: str, name: str, value: object) -> str:
+    """The TypeError message for a library call given something that is not a Profile."""
+    hint = ""
+    if hasattr(value, "trace") and hasattr(value, "level"):
+        hint = " (a `with profile(...)` result: profile(model=...) yields a Profile)"
+    return (
+        f"{function}() takes a pypto_tune.Profile as {name}, got {type(value).__name__}{hint}: "
+        "pass what profile_model(), profile_step(), load_profile() or "
+        "`with pypto_tune.profile(model=m) as got` return"
+    )

@@ -16,6 +16,22 @@ from typing import Any
 from .collect import ITERATION_MARKER, LAUNCH_PROBE, PREFILL_MARKER
 from .records import STEP_MARKERS, OpEvent, OpStat, Profile, RawTrace, Span, block_of_module
 
+__all__ = [
+    "CAST_OPS",
+    "HEAVY_OP_PATTERNS",
+    "HOST_OVERHEAD_OPS",
+    "MATMUL_OPS",
+    "NPU_MATMUL_OPS",
+    "SYNC_OPS",
+    "attribute",
+    "heavy_calls",
+    "is_heavy",
+    "matmul_dims",
+    "op_time",
+    "step_periods",
+    "summarize",
+]
+
 #: Operators where the host waits for the device (reads a device value or synchronizes).
 #: ``aten::item`` / ``is_nonzero`` are not listed: each calls ``_local_scalar_dense``,
 #: which is, so one ``.item()`` counts once.
@@ -155,31 +171,36 @@ def _elem_bytes(dtype: Any) -> int:
 
 
 def matmul_dims(name: str, shapes: list[Any] | None) -> tuple[int, int, int, int] | None:
-    """(batch, M, N, K) of a matmul operator from its input shapes, or None."""
-    if not shapes:
+    """(batch, M, N, K) of a matmul operator from its input shapes, or None (also when a
+    dimension is not a positive integer: a shape read from a file proves nothing)."""
+    if not shapes or not isinstance(shapes, list):
         return None
     try:
         if name == "aten::mm":
             (m, k), (_, n) = shapes[0], shapes[1]
-            return 1, m, n, k
-        if name == "aten::addmm":
+            dims = (1, m, n, k)
+        elif name == "aten::addmm":
             (m, k), (_, n) = shapes[1], shapes[2]
-            return 1, m, n, k
-        if name == "aten::bmm":
+            dims = (1, m, n, k)
+        elif name == "aten::bmm":
             (b, m, k), (_, _, n) = shapes[0], shapes[1]
-            return b, m, n, k
-        if name == "aten::baddbmm":
+            dims = (b, m, n, k)
+        elif name == "aten::baddbmm":
             (b, m, k), (_, _, n) = shapes[1], shapes[2]
-            return b, m, n, k
-        if name in NPU_MATMUL_OPS:
+            dims = (b, m, n, k)
+        elif name in NPU_MATMUL_OPS:
             a, w = list(shapes[0]), list(shapes[1])
             batch = 1
             for d in a[:-2]:
-                batch *= int(d)
-            return batch, int(a[-2]), int(w[-1]), int(a[-1])
+                batch *= d if type(d) is int else 0
+            dims = (batch, a[-2], w[-1], a[-1])
+        else:
+            return None
     except (TypeError, ValueError, IndexError):
         return None
-    return None
+    if not all(type(d) is int and d > 0 for d in dims):
+        return None
+    return dims
 
 
 def _op_bytes(ev: OpEvent) -> float | None:
