@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -15,18 +14,6 @@ from pypto_common import EXIT_RANGES
 from pypto_e2e import EXIT, MANIFEST_NAME
 from pypto_e2e.cli import main
 from pypto_e2e.demo import demo_model_dir
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """main() installs its stderr handler and levels: undo them for the next test."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        if handler not in handlers:
-            root.removeHandler(handler)
-    root.setLevel(level)
 
 
 def test_exit_codes_are_pypto_e2e_s_own_range():

@@ -11,7 +11,15 @@ __version__ = "0.1.0"
 
 from .config import STEPS, RunConfig
 from .demo import run_demo
-from .errors import EXIT, BadRunInputError, E2EEnvironmentError, E2EError, StepFailedError
+from .errors import (
+    EXIT,
+    BadRunInputError,
+    E2EEnvironmentError,
+    E2EError,
+    StepFailedError,
+    WorkDirBusyError,
+    WorkDirError,
+)
 from .fingerprint import FolderFingerprint, fingerprint_folder
 from .manifest import MANIFEST_NAME
 from .pipeline import RunResult, StepOutcome, run
@@ -29,6 +37,8 @@ __all__ = [
     "RunResult",
     "StepFailedError",
     "StepOutcome",
+    "WorkDirBusyError",
+    "WorkDirError",
     "__version__",
     "fingerprint_folder",
     "render_markdown",

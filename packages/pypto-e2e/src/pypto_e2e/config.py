@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pypto_bench import BenchConfig
 
 from .errors import BadRunInputError, E2EEnvironmentError, cause_of
+
+__all__ = ["STEPS", "TUNE_INSTALL", "RunConfig"]
 
 STEPS = ("download", "patch", "smoke", "bench", "tune", "report")
 
@@ -158,9 +159,6 @@ class RunConfig:
             raise BadRunInputError("--fuse measures in the bench step, which --skip bench skips")
         if self.tune:
             self._validate_tune()
-        wd = Path(self.work_dir).expanduser()
-        if wd.exists() and not wd.is_dir():
-            raise BadRunInputError(f"work dir {wd} is a file: pass a directory path to --work-dir")
         if "bench" not in self.skip:
             # Bench flags are checked before any step runs, so a typo in --arms does not
             # surface only after a long download.

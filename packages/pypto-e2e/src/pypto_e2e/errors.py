@@ -15,6 +15,20 @@ from typing import Any
 
 from pypto_common import ENVIRONMENT, USAGE, ExitCodeTable, redact
 
+__all__ = [
+    "EXIT",
+    "STEP_CODES",
+    "STEP_TOOLS",
+    "BadRunInputError",
+    "E2EEnvironmentError",
+    "E2EError",
+    "StepFailedError",
+    "WorkDirBusyError",
+    "WorkDirError",
+    "cause_of",
+    "e2e_code_for",
+]
+
 #: pypto-e2e's exit codes (shared 0-3 plus its own range 60-69); read them by name.
 EXIT = ExitCodeTable(
     "pypto-e2e",
@@ -51,6 +65,18 @@ EXIT = ExitCodeTable(
             67,
             "TUNE_FAILED",
             "the tune step (--tune: profile + advise) failed; the bench results are intact",
+        ),
+        (
+            68,
+            "WORK_DIR_UNUSABLE",
+            "the work dir cannot be created or written (read-only, a file in the way, disk "
+            "full): make it writable or pass another --work-dir",
+        ),
+        (
+            69,
+            "WORK_DIR_BUSY",
+            "another pypto-e2e run (its pid is named) is using the work dir: wait for it or "
+            "stop it, or pass another --work-dir",
         ),
     ],
 )
@@ -160,3 +186,15 @@ class StepFailedError(E2EError):
         self.cause = cause
         hint = resume or "fix the cause and re-run the same command: completed steps are reused"
         super().__init__(f"step {step!r} failed: {message} ({hint})")
+
+
+class WorkDirError(E2EError):
+    """The work dir cannot be created or written; names the path and the fix."""
+
+    exit_code = EXIT.WORK_DIR_UNUSABLE
+
+
+class WorkDirBusyError(E2EError):
+    """Another live run holds the work dir's lock; names it (its pid) and the fix."""
+
+    exit_code = EXIT.WORK_DIR_BUSY

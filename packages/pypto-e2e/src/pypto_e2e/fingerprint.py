@@ -23,12 +23,15 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pypto_common import DOWNLOAD_STATE_DIR, tool_owned_reason
+
+__all__ = ["SMALL_FILE_BYTES", "FolderFingerprint", "fingerprint_folder", "sha256_file"]
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +55,25 @@ class FolderFingerprint:
         return {"path": self.path, "digest": self.digest, "files": len(self.files)}
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str | None:
+    """The sha256 of a regular file's content; None for anything else or an unreadable file.
+
+    Opened without blocking and checked before reading: a FIFO planted under a model
+    file's (or the bench report's) name would otherwise hang the run.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
+        try:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        except OSError:
+            return None
     return h.hexdigest()
 
 
@@ -165,11 +182,13 @@ def _file_digest(
     record = hub.get(real)
     if record and record["size"] == st.st_size and record["mtime_ns"] == st.st_mtime_ns:
         digest = f"hub:{record['digest']}"
+    elif not stat.S_ISREG(st.st_mode):
+        return "not-a-file"  # a FIFO, socket or device: never read
     elif st.st_size <= small_file_bytes:
-        try:
-            digest = f"sha256:{_sha256_file(Path(real))}"
-        except OSError:
+        content = sha256_file(Path(real))
+        if content is None:
             return "unreadable"
+        digest = f"sha256:{content}"
     else:
         digest = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
     cache[real] = {**ident, "digest": digest}

@@ -10,7 +10,6 @@ folder) are unchanged; anything else runs again, and so does everything after it
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 import time
@@ -23,8 +22,9 @@ from pypto_common import redact, redact_argv
 
 from .config import STEPS, RunConfig
 from .errors import E2EError
-from .fingerprint import FolderFingerprint, fingerprint_folder
-from .manifest import MANIFEST_NAME, Manifest, fingerprint
+from .fingerprint import FolderFingerprint, fingerprint_folder, sha256_file
+from .manifest import MANIFEST_NAME, Manifest, changed_inputs, fingerprint
+from .software import software_versions
 from .steps import (
     do_bench,
     do_download,
@@ -35,6 +35,7 @@ from .steps import (
     step_failure,
     verify_pin,
 )
+from .workdir import held_work_dir
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,17 @@ class RunState:
         # upstream outputs (folder digests, the bench report's digest), so a change
         # anywhere re-runs what depends on it and nothing else.
         self.forced = False
+        self._software: dict[str, str] | None = None
+
+    def software(self) -> dict[str, str]:
+        """The versions that produce a step's results (python, torch, transformers, pypto-*).
+
+        Part of every step's inputs but the download's (its bytes are verified against
+        the hub whatever the tools' versions): an upgrade re-runs what it could change.
+        """
+        if self._software is None:
+            self._software = software_versions()
+        return self._software
 
     # -- where the model is and what it holds
     def model_path(self) -> Path | None:
@@ -167,6 +179,12 @@ class RunState:
 
     # -- inputs of each step (what decides reuse). Never the token or the endpoint.
     def inputs(self, name: str) -> dict[str, Any]:
+        values = self._inputs(name)
+        if name != "download":
+            values["software"] = self.software()
+        return values
+
+    def _inputs(self, name: str) -> dict[str, Any]:
         c = self.config
         if name == "download":
             return {
@@ -211,7 +229,7 @@ class RunState:
             if not c.tune:
                 return {"requested": False}
             # The bench step's own settings on the same folder fingerprint: a changed
-            # bench flag or model file profiles again, and so does a new pypto-tune.
+            # bench flag or model file profiles again (a new pypto-tune: ``software``).
             bench = c.bench_config(
                 model_path=None, report_file=None, trust_remote_code=self.trust_remote_code()
             ).to_dict()
@@ -221,7 +239,6 @@ class RunState:
                 "arm": c.tune_arm,
                 "level": c.tune_level,
                 "iters": c.tune_iters,
-                "pypto_tune": _tune_version(),
             }
         return {
             "bench": self.outputs.get("bench", {}),
@@ -240,10 +257,9 @@ class RunState:
         if isinstance(files, dict) and not all(Path(str(v)).exists() for v in files.values()):
             return False
         digest = outputs.get("report_sha256")
-        if digest and outputs.get("report_json"):
-            data = Path(outputs["report_json"]).read_bytes()
-            if hashlib.sha256(data).hexdigest() != digest:
-                return False
+        report = outputs.get("report_json")
+        if digest and report and sha256_file(Path(report)) != digest:
+            return False
         folder = outputs.get("folder")
         if isinstance(folder, dict) and folder.get("path"):
             now = self.folder_fingerprint(Path(folder["path"]))
@@ -265,20 +281,27 @@ class RunState:
         inputs = self.inputs(name)
         digest = fingerprint(inputs)
         previous = self.manifest.step(name)
-        if (
-            not self.forced
-            and previous.get("status") in ("ok", "not-needed")
-            and previous.get("fingerprint") == digest
-            and self.outputs_valid(previous.get("outputs", {}))
-        ):
+        completed = previous.get("status") in ("ok", "not-needed")
+        why = ""
+        if self.forced:
+            why = f" (--from {c.from_step})" if completed else ""
+        elif completed and previous.get("fingerprint") != digest:
+            why = f" again: {changed_inputs(previous.get('inputs'), inputs)}"
+        elif completed and self.outputs_valid(previous.get("outputs", {})):
             self.outputs[name] = previous.get("outputs", {})
             self.say(f"[{name}] reused from the previous run (inputs unchanged)")
             return StepOutcome(name, "reused", self.outputs[name], 0.0, previous.get("note", ""))
+        elif completed:
+            why = " again: what it produced changed or is gone"
+        elif previous.get("status") == "running":
+            why = " again: the previous run stopped during this step"
+        elif previous.get("status") == "failed":
+            why = " again: it failed in the previous run"
         started = time.time()
         self.manifest.record(
             name, status="running", fingerprint=digest, inputs=inputs, started=started
         )
-        self.say(f"[{name}] running")
+        self.say(f"[{name}] running{why}")
         t0 = time.perf_counter()
         try:
             outputs, note = fn(self)
@@ -339,17 +362,17 @@ def _preset_fingerprint(family: str | None) -> Any:
     return getattr(preset, "fingerprint", None) or getattr(preset, "version", None)
 
 
-def _tune_version() -> str | None:
-    try:
-        from pypto_tune import __version__
-    except ImportError:
-        return None
-    return str(__version__)
-
-
 def run(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> RunResult:
     """Run (or resume) the workflow; raises ``E2EError`` naming the failed step."""
     config.validate()
+    # Held from before the manifest is read until the run ends: a second run into the
+    # same work dir (a resume while a killed run's processes still live, or a twin)
+    # stops here in one line instead of running beside it.
+    with held_work_dir(Path(config.work_dir).expanduser().resolve()):
+        return _run_locked(config, progress)
+
+
+def _run_locked(config: RunConfig, progress: Callable[[str], None] | None) -> RunResult:
     state = RunState(config, progress)
     try:
         steps = [
