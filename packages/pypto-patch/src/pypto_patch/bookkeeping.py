@@ -29,6 +29,18 @@ from .errors import UnsafeBookkeepingError
 from .jsonio import RECORD_MAX_DEPTH, JSONUnusable, loads_limited
 from .names import BACKUP_SUFFIX, EDITED_SUFFIX
 
+__all__ = [
+    "TOOL",
+    "check_bound",
+    "check_inside",
+    "check_journal",
+    "check_manifest",
+    "check_marker",
+    "folder_identity",
+    "plain_relpath",
+    "read_record",
+]
+
 TOOL = "pypto-patch"
 _TXN_RE = re.compile(r"^[0-9a-f]{32}$")
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -22,6 +22,8 @@ from .errors import EXIT, BadInputError, PatchError
 from .presets import discover_presets
 from .verify import verify_pinned
 
+__all__ = ["SUBCOMMANDS", "main"]
+
 SUBCOMMANDS = ("apply", "restore", "status", "verify", "list")
 
 

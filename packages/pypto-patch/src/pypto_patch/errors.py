@@ -9,6 +9,27 @@ from __future__ import annotations
 
 from pypto_common import ExitCodeTable
 
+__all__ = [
+    "EXIT",
+    "BadInputError",
+    "ConfigError",
+    "LockedError",
+    "ModelFolderError",
+    "ModifiedSincePatchError",
+    "NotPatchedError",
+    "NotPinnedError",
+    "OutputDirError",
+    "OverlayRefusedError",
+    "PatchError",
+    "PatchFailedError",
+    "PresetInvalidError",
+    "PresetMismatchError",
+    "ReadOnlyFolderError",
+    "UnknownFamilyError",
+    "UnsafeBookkeepingError",
+    "UnsafePathError",
+]
+
 #: pypto-patch's exit codes: the shared 0-3 plus its own range 30-39.
 EXIT = ExitCodeTable(
     "pypto-patch",

@@ -19,11 +19,51 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import EXIT, LockedError
-from .names import TMP_SUFFIX
+from .names import EDITED_SUFFIX, TMP_SUFFIX
 
-#: Test-only fault injection: when this variable names a step (see ``FAULT_POINTS`` in
-#: the README), the process exits with ``EXIT.FAULT_INJECTED`` right there, like a power cut.
+__all__ = [
+    "FAULT_ENV",
+    "FAULT_POINTS",
+    "LOCK_TIMEOUT_S",
+    "aside_name",
+    "atomic_write",
+    "dir_lock",
+    "fault_point",
+    "file_mode",
+    "fsync_dir",
+    "make_backup",
+    "new_file_mode",
+    "put_back",
+    "read_or_none",
+    "same_inode",
+    "sha256_bytes",
+    "sha256_file",
+    "sha_or_none",
+    "tmp_path_for",
+]
+
+#: How long a run waits for another run's lock on the same folder, by default.
+LOCK_TIMEOUT_S = 60.0
+
+#: Test-only fault injection: when this variable names a step (see ``FAULT_POINTS``),
+#: the process exits with ``EXIT.FAULT_INJECTED`` right there, like a power cut.
 FAULT_ENV = "PYPTO_PATCH_FAULT"
+
+#: Named steps where a test can inject a crash (``PYPTO_PATCH_FAULT=<step>``); the
+#: transactions in :mod:`pypto_patch.inplace` and :mod:`pypto_patch.overlay` call
+#: :func:`fault_point` with exactly these names.
+FAULT_POINTS = (
+    "apply:journal-written",
+    "apply:backups-made",
+    "apply:first-file-written",
+    "apply:config-written",
+    "apply:manifest-written",
+    "restore:journal-written",
+    "restore:first-file-restored",
+    "restore:manifest-removed",
+    "overlay:built",
+    "overlay:old-moved-aside",
+)
 
 
 def fault_point(name: str) -> None:
@@ -43,6 +83,49 @@ def sha256_file(path: Path) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha_or_none(path: Path) -> str | None:
+    """:func:`sha256_file`, or None when the file cannot be read (missing, a folder...)."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
+def read_or_none(path: Path) -> bytes | None:
+    """The bytes of a regular file (through a link), or None when there is none to read."""
+    try:
+        return path.read_bytes() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def same_inode(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are links to one inode (neither followed)."""
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def put_back(backup: Path, path: Path) -> None:
+    """Move the backup over ``path``; a no-op pair of hard links is untangled."""
+    if same_inode(backup, path):
+        os.unlink(backup)  # rename() between two links to one inode does nothing
+    else:
+        os.replace(backup, path)
+
+
+def aside_name(path: Path) -> Path:
+    """A free ``<name>.pypto_edited[.N]`` next to ``path``, where an edited file is kept."""
+    cand = path.parent / f"{path.name}{EDITED_SUFFIX}"
+    n = 1
+    while os.path.lexists(cand):
+        cand = path.parent / f"{path.name}{EDITED_SUFFIX}.{n}"
+        n += 1
+    return cand
 
 
 def tmp_path_for(path: Path) -> Path:
@@ -126,7 +209,9 @@ def new_file_mode() -> int:
 
 
 @contextlib.contextmanager
-def dir_lock(path: Path, *, shared: bool = False, timeout: float = 60.0) -> Iterator[None]:
+def dir_lock(
+    path: Path, *, shared: bool = False, timeout: float = LOCK_TIMEOUT_S
+) -> Iterator[None]:
     """flock on the directory itself, so locking leaves no file behind in the model folder.
 
     Two runs on one folder wait for each other (up to ``timeout`` seconds) instead of

@@ -12,6 +12,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "RECORD_MAX_DEPTH",
+    "JSONUnusable",
+    "dumps_config",
+    "json_depth",
+    "loads_limited",
+]
+
 #: Deepest nesting accepted; HF configs nest < 10 levels, the interpreter's limit is ~1000.
 MAX_JSON_DEPTH = 200
 

@@ -23,6 +23,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "DYNAMIC_MODULE_NAME",
+    "CacheKeys",
+    "folder_cache_keys",
+    "folder_key_names",
+    "local_module_hash",
+    "modules_cache_dir",
+    "purge",
+    "sanitize_module_name",
+]
+
 log = logging.getLogger(__name__)
 
 DYNAMIC_MODULE_NAME = "transformers_modules"

@@ -29,20 +29,6 @@ from pypto_common import tool_owned_reason
 
 from . import modcache
 from .bookkeeping import TOOL, check_manifest, check_marker, folder_identity, read_record
-from .core import (
-    FileChange,
-    PatchResult,
-    _journal,
-    _manifest,
-    _manifest_doc,
-    _Plan,
-    _plan,
-    _read_config,
-    _record_signature,
-    _require_writable,
-    _status_from_manifest,
-    _write_json,
-)
 from .errors import (
     BadInputError,
     ModifiedSincePatchError,
@@ -51,8 +37,19 @@ from .errors import (
     UnsafeBookkeepingError,
 )
 from .fsops import atomic_write, dir_lock, fault_point, fsync_dir, tmp_path_for
+from .modelfolder import read_config, require_writable
 from .names import MANIFEST_NAME, OVERLAY_MARKER_NAME
+from .plan import Plan, make_plan
 from .presets import Preset
+from .records import (
+    load_journal,
+    load_manifest,
+    manifest_doc,
+    record_signature,
+    status_from_manifest,
+    write_record,
+)
+from .results import FileChange, PatchResult
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +191,7 @@ def _recover_output(out: Path) -> None:
 
 
 def _decide(
-    out: Path, root: Path, preset: Preset, plan: _Plan, *, force: bool, replace_overlay: bool
+    out: Path, root: Path, preset: Preset, plan: Plan, *, force: bool, replace_overlay: bool
 ) -> dict[str, Any] | None:
     """The earlier overlay's manifest when it is already exactly this one (nothing to do).
 
@@ -204,11 +201,11 @@ def _decide(
     if not (out.is_dir() and any(out.iterdir())):
         return None
     manifest = _earlier_overlay(out)
-    st = _status_from_manifest(out, manifest)
+    st = status_from_manifest(out, manifest)
     if (
         manifest.get("source_path") == str(root)
         and manifest.get("fingerprint") == preset.fingerprint
-        and _record_signature(manifest["files"]) == plan.signature()
+        and record_signature(manifest["files"]) == plan.signature()
         and st.intact
         and not st.source_changed
     ):
@@ -246,18 +243,18 @@ def apply_overlay(
     lock_timeout: float,
 ) -> PatchResult:
     """Build (or keep, when identical) an overlay of ``root`` at ``output_dir``."""
-    _read_config(root)
-    if _journal(root) is not None:
+    read_config(root)
+    if load_journal(root) is not None:
         raise BadInputError(
             f"{root} has an interrupted pypto-patch run; run `pypto-patch restore --model-path {root}` first"
         )
-    own = _manifest(root)
+    own = load_manifest(root)
     if own is not None:
         raise BadInputError(
             f"{root} is itself patched ({own.get('mode')}); restore it first, or use its source folder as --model-path"
         )
     out = _check_output(root, output_dir)
-    plan = _plan(root, preset, in_place=False)
+    plan = make_plan(root, preset, in_place=False)
     res = PatchResult(str(out), str(root), "overlay", "applied", preset.family, preset.version)
     res.auto_map = dict(preset.auto_map)
     res.changes, res.created_dirs = plan.changes, plan.created_dirs
@@ -273,7 +270,7 @@ def apply_overlay(
         return res
     parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
-    _require_writable(parent, hint="choose an --output-dir in a writable place")
+    require_writable(parent, hint="choose an --output-dir in a writable place")
     with dir_lock(root, shared=True, timeout=lock_timeout), dir_lock(parent, timeout=lock_timeout):
         _recover_output(out)
         # Decide again under the lock: OUT may have changed since the first look.
@@ -307,12 +304,12 @@ def apply_overlay(
     return res
 
 
-def _build(building: Path, root: Path, plan: _Plan, *, final: Path) -> None:
+def _build(building: Path, root: Path, plan: Plan, *, final: Path) -> None:
     building.mkdir()
     txn = uuid.uuid4().hex
     ident = folder_identity(building, as_path=final)
     # The marker first: a build that dies part way is still recognisably ours.
-    _write_json(
+    write_record(
         building / OVERLAY_MARKER_NAME,
         {
             "tool": TOOL,
@@ -344,9 +341,9 @@ def _build(building: Path, root: Path, plan: _Plan, *, final: Path) -> None:
             os.unlink(target)  # a link into the original: replace the link, never its target
         if c.action != "removed":
             atomic_write(target, plan.contents[c.path], c.mode)
-    doc = _manifest_doc(plan, txn, mode="overlay", source=root, purged=[], folder=ident)
+    doc = manifest_doc(plan, txn, mode="overlay", source=root, purged=[], folder=ident)
     doc["materialized_dirs"] = materialized
-    _write_json(building / MANIFEST_NAME, doc)
+    write_record(building / MANIFEST_NAME, doc)
 
 
 def overlay_links(model_path: str | os.PathLike[str]) -> dict[str, Path]:
@@ -364,7 +361,7 @@ def overlay_links(model_path: str | os.PathLike[str]) -> dict[str, Path]:
     pypto-patch did not write for it.
     """
     root = Path(os.fspath(model_path)).expanduser().resolve()
-    manifest = _manifest(root)
+    manifest = load_manifest(root)
     if manifest is None or manifest.get("mode") != "overlay":
         return {}
     marker_path = root / OVERLAY_MARKER_NAME

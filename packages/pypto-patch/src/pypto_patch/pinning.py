@@ -23,6 +23,17 @@ from typing import Any
 
 from .presets import relative_imports
 
+__all__ = [
+    "BadImport",
+    "auto_map_entries",
+    "auto_map_entries_for_pipelines",
+    "auto_map_sites",
+    "class_refs",
+    "module_closure",
+    "pin_document",
+    "pipeline_refs",
+]
+
 
 def auto_map_sites(doc: Any) -> list[tuple[dict[str, Any], str]]:
     """Every object in ``doc`` holding an ``auto_map`` key, with its JSON location.

@@ -224,22 +224,56 @@ def _validate(
     distribution_version: str | None,
     custom: bool = False,
 ) -> Preset:
-    def fail(origin: str, problem: str) -> PatchError:
-        return _fail(origin, problem, custom=custom)
-
     if not isinstance(data, Mapping):
         raise _fail(
             origin, f"expected a dict (or a callable returning one), got {type(data).__name__}"
         )
+    family, version, description = _validate_header(
+        data, origin=origin, expected_family=expected_family, custom=custom
+    )
+    clean_map = _validate_auto_map(data.get("auto_map"), origin=origin, custom=custom)
+    if not custom:
+        _check_map_complete(clean_map, origin=origin)
+    clean_files = _validate_files(data.get("files", {}), origin=origin, custom=custom)
+    if not custom:
+        _check_files_complete(clean_map, clean_files, origin=origin)
+    check = data.get("check")
+    if check is not None and not callable(check):
+        raise _fail(
+            origin,
+            f"'check' must be a callable taking config.json as a dict, got {check!r}",
+            custom=custom,
+        )
+    return Preset(
+        family=family,
+        version=version,
+        auto_map=clean_map,
+        files=clean_files,
+        description=description,
+        distribution=distribution,
+        distribution_version=distribution_version,
+        custom=custom,
+        check=check,
+    )
+
+
+def _validate_header(
+    data: Mapping[str, Any], *, origin: str, expected_family: str | None, custom: bool
+) -> tuple[str, str, str]:
+    """The keys, ``family``, ``version`` and ``description`` of a preset dict."""
     unknown = sorted(set(data) - _KNOWN_KEYS)
     if unknown:
-        raise fail(origin, f"unknown keys {unknown}; allowed: {sorted(_KNOWN_KEYS)}")
+        raise _fail(
+            origin, f"unknown keys {unknown}; allowed: {sorted(_KNOWN_KEYS)}", custom=custom
+        )
     missing = sorted({"family", "version", "auto_map", "files"} - set(data))
     if missing and not custom:
-        raise fail(origin, f"missing keys {missing}")
+        raise _fail(origin, f"missing keys {missing}", custom=custom)
     family = data.get("family")
     if not isinstance(family, str) or not _FAMILY_RE.match(family):
-        raise fail(origin, f"'family' must be a name like 'gemma4_31b_it', got {family!r}")
+        raise _fail(
+            origin, f"'family' must be a name like 'gemma4_31b_it', got {family!r}", custom=custom
+        )
     if expected_family is not None and family != expected_family:
         raise _fail(
             origin,
@@ -247,14 +281,21 @@ def _validate(
         )
     version = data.get("version")
     if not isinstance(version, str) or not version.strip():
-        raise fail(origin, f"'version' must be a non-empty string, got {version!r}")
+        raise _fail(origin, f"'version' must be a non-empty string, got {version!r}", custom=custom)
     description = data.get("description", "")
     if not isinstance(description, str):
-        raise fail(origin, "'description' must be a string")
+        raise _fail(origin, "'description' must be a string", custom=custom)
+    return family, version, description
 
-    auto_map = data.get("auto_map")
+
+def _validate_auto_map(auto_map: Any, *, origin: str, custom: bool) -> dict[str, Any]:
+    """``auto_map``: Auto class names -> ``module.Class`` (or ``[slow, fast]``), copied."""
     if not isinstance(auto_map, Mapping) or (not auto_map and not custom):
-        raise fail(origin, "'auto_map' must be a non-empty dict of Auto class -> 'module.Class'")
+        raise _fail(
+            origin,
+            "'auto_map' must be a non-empty dict of Auto class -> 'module.Class'",
+            custom=custom,
+        )
     clean_map: dict[str, Any] = {}
     for key, value in auto_map.items():
         if not isinstance(key, str) or not re.match(r"^Auto[A-Za-z0-9]+$", key):
@@ -280,23 +321,17 @@ def _validate(
                     origin, f"auto_map[{key!r}] = {ref!r} is not 'module_file_stem.ClassName'"
                 )
         clean_map[key] = list(value) if isinstance(value, list) else value
-    if not custom:
-        if "AutoConfig" not in clean_map:
-            raise _fail(
-                origin,
-                "auto_map must map 'AutoConfig' (the model classes' config_class comes from it)",
-            )
-        if not any(k.startswith("AutoModel") for k in clean_map):
-            raise fail(origin, "auto_map must map at least one AutoModel* class")
-        if _MULTIMODAL_KEYS & set(clean_map) and "AutoModelForCausalLM" not in clean_map:
-            raise _fail(
-                origin,
-                "auto_map maps an image-text Auto class but not 'AutoModelForCausalLM'; a causal-LM load would ignore the preset",
-            )
+    return clean_map
 
-    files = data.get("files", {})
+
+def _validate_files(files: Any, *, origin: str, custom: bool) -> dict[str, bytes]:
+    """``files``: safe destinations -> file bytes (text accepted)."""
     if not isinstance(files, Mapping) or (not files and not custom):
-        raise fail(origin, "'files' must be a non-empty dict of destination -> file text")
+        raise _fail(
+            origin,
+            "'files' must be a non-empty dict of destination -> file text",
+            custom=custom,
+        )
     clean_files: dict[str, bytes] = {}
     for dest, content in files.items():
         try:
@@ -304,7 +339,7 @@ def _validate(
         except UnsafePathError as err:
             if custom:
                 raise
-            raise fail(origin, str(err)) from None
+            raise _fail(origin, str(err), custom=custom) from None
         if isinstance(content, str):
             content = content.encode("utf-8")
         if not isinstance(content, bytes):
@@ -313,42 +348,49 @@ def _validate(
                 f"files[{dest!r}] must be the file's text (str), got {type(content).__name__}",
             )
         if norm in clean_files:
-            raise fail(origin, f"files lists {norm!r} twice")
+            raise _fail(origin, f"files lists {norm!r} twice", custom=custom)
         clean_files[norm] = content
-    if not custom:
-        placed = {d[:-3] for d in clean_files if d.endswith(".py") and "/" not in d}
-        for stem in sorted(auto_map_modules(clean_map)):
-            if stem not in placed:
+    return clean_files
+
+
+def _check_map_complete(clean_map: Mapping[str, Any], *, origin: str) -> None:
+    """A registered preset (not custom mode) maps the classes a load needs."""
+    if "AutoConfig" not in clean_map:
+        raise _fail(
+            origin,
+            "auto_map must map 'AutoConfig' (the model classes' config_class comes from it)",
+        )
+    if not any(k.startswith("AutoModel") for k in clean_map):
+        raise _fail(origin, "auto_map must map at least one AutoModel* class")
+    if _MULTIMODAL_KEYS & set(clean_map) and "AutoModelForCausalLM" not in clean_map:
+        raise _fail(
+            origin,
+            "auto_map maps an image-text Auto class but not 'AutoModelForCausalLM'; a causal-LM load would ignore the preset",
+        )
+
+
+def _check_files_complete(
+    clean_map: Mapping[str, Any], clean_files: Mapping[str, bytes], *, origin: str
+) -> None:
+    """A registered preset places every module its auto_map names, and every module its
+    placed top-level modules import relatively."""
+    placed = {d[:-3] for d in clean_files if d.endswith(".py") and "/" not in d}
+    for stem in sorted(auto_map_modules(clean_map)):
+        if stem not in placed:
+            raise _fail(
+                origin,
+                f"auto_map names module {stem!r} but 'files' does not place '{stem}.py' at the folder top level",
+            )
+    for dest, content in sorted(clean_files.items()):
+        if not dest.endswith(".py") or "/" in dest:
+            continue
+        for mod in relative_imports(content):
+            if mod not in placed:
                 raise _fail(
                     origin,
-                    f"auto_map names module {stem!r} but 'files' does not place '{stem}.py' at the folder top level",
+                    f"{dest} imports '.{mod}' but 'files' does not place '{mod}.py'; "
+                    "transformers would run the model folder's own copy of it",
                 )
-        for dest, content in sorted(clean_files.items()):
-            if not dest.endswith(".py") or "/" in dest:
-                continue
-            for mod in relative_imports(content):
-                if mod not in placed:
-                    raise _fail(
-                        origin,
-                        f"{dest} imports '.{mod}' but 'files' does not place '{mod}.py'; "
-                        "transformers would run the model folder's own copy of it",
-                    )
-    check = data.get("check")
-    if check is not None and not callable(check):
-        raise fail(
-            origin, f"'check' must be a callable taking config.json as a dict, got {check!r}"
-        )
-    return Preset(
-        family=family,
-        version=version,
-        auto_map=clean_map,
-        files=clean_files,
-        description=description,
-        distribution=distribution,
-        distribution_version=distribution_version,
-        custom=custom,
-        check=check,
-    )
 
 
 def custom_preset(

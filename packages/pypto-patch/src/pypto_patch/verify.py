@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core import LOCK_TIMEOUT_S, _journal, _manifest, _read_or_none, _resolve_folder, _sha_or_none
 from .errors import NotPatchedError, NotPinnedError
-from .fsops import dir_lock
+from .fsops import LOCK_TIMEOUT_S, dir_lock, read_or_none, sha_or_none
 from .jsonio import JSONUnusable, loads_limited
+from .modelfolder import resolve_folder
 from .names import AUTO_MAP_FILES, JOURNAL_NAME, MANIFEST_NAME, REMOTE_CODE_FILES
 from .pinning import (
     BadImport,
@@ -29,6 +29,9 @@ from .pinning import (
     pipeline_refs,
 )
 from .presets import parse_class_ref
+from .records import load_journal, load_manifest
+
+__all__ = ["PinVerification", "verify_pinned"]
 
 
 @dataclass
@@ -65,14 +68,14 @@ def verify_pinned(
     manifest or journal not bound to this folder) or :class:`NotPinnedError`; all are
     :class:`PatchError` with a one-line message. Call it right before loading.
     """
-    root = _resolve_folder(model_path)
+    root = resolve_folder(model_path)
     with dir_lock(root, shared=True, timeout=lock_timeout):
-        if _journal(root) is not None:
+        if load_journal(root) is not None:
             raise NotPinnedError(
                 f"{root} has an interrupted pypto-patch run ({JOURNAL_NAME}); run "
                 f"`pypto-patch restore --model-path {root}` (or apply) before loading it"
             )
-        manifest = _manifest(root)
+        manifest = load_manifest(root)
         if manifest is None:
             raise NotPatchedError(
                 f"{root} is not pinned by pypto-patch (no {MANIFEST_NAME}); run pypto-patch apply "
@@ -88,7 +91,7 @@ def _verify(root: Path, manifest: dict[str, Any]) -> PinVerification:
     fix = "re-run `pypto-patch apply` for this folder, then load it again"
 
     def read(rel: str) -> bytes | None:
-        return _read_or_none(root / rel)
+        return read_or_none(root / rel)
 
     def check_file(module_file: str, why: str) -> None:
         try:
@@ -105,7 +108,7 @@ def _verify(root: Path, manifest: dict[str, Any]) -> PinVerification:
                     f"{why} makes transformers import {rel}, which pypto-patch did not place "
                     f"(the repo's own code); {fix}"
                 )
-            sha = _sha_or_none(root / rel)
+            sha = sha_or_none(root / rel)
             if sha != entry.get("patched_sha256"):
                 raise NotPinnedError(
                     f"{rel} changed since pypto-patch placed it (sha256 {sha} != recorded "
