@@ -142,7 +142,7 @@ def test_bench_flags_come_from_pypto_bench(flag):
 def test_changing_ignore_eos_invalidates_the_bench_step_only(tmp_path):
     """Inputs are compared without running the bench: the fingerprint of each step."""
     from pypto_e2e.manifest import fingerprint
-    from pypto_e2e.pipeline import RunState
+    from pypto_e2e.state import RunState
 
     model = tmp_path / "model"
     shutil.copytree(demo_model_dir(), model)

@@ -12,8 +12,8 @@ import pytest
 
 from pypto_e2e import MANIFEST_NAME, RunConfig, run
 from pypto_e2e.manifest import fingerprint
-from pypto_e2e.pipeline import RunState
 from pypto_e2e.software import software_versions
+from pypto_e2e.state import RunState
 
 
 def test_the_versions_are_those_installed():

@@ -197,7 +197,7 @@ def test_without_tune_the_step_is_not_needed_and_the_report_has_no_tuning(tuned,
 def _tune_fingerprint(tmp_path: Path, model: Path, **values) -> str:
     """The tune step's inputs digest, computed without running anything."""
     from pypto_e2e.manifest import fingerprint
-    from pypto_e2e.pipeline import RunState
+    from pypto_e2e.state import RunState
 
     config = RunConfig.from_flat(
         work_dir=tmp_path / "w", model_path=str(model), skip=("download",), **values

@@ -1,6 +1,7 @@
 """What the library may import: no test helpers, and the shared device and timing layers."""
 
 import ast
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -42,3 +43,21 @@ def test_runner_uses_the_shared_device_and_timing_helpers():
     assert runner.summarize_seconds is pypto_bench.measure.summarize_seconds
     for copy in ("_reset_peak", "_peak_bytes", "_count_tokens"):
         assert not hasattr(runner, copy), copy
+
+
+def test_library_takes_only_public_names_from_other_packages():
+    """Every name the library imports from pypto-bench / pypto-capture is in that module's
+    ``__all__``: the statistics come from the bench's one public implementation, not a
+    private copy or a reach into its internals."""
+    reaches = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module.split(".")[0] not in ("pypto_bench", "pypto_capture"):
+                continue
+            public = set(getattr(importlib.import_module(node.module), "__all__", ()))
+            reaches += [
+                f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in public
+            ]
+    assert reaches == []

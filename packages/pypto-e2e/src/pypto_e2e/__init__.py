@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .chain import RunResult, run
 from .config import STEPS, RunConfig
 from .demo import run_demo
 from .errors import (
@@ -22,8 +23,8 @@ from .errors import (
 )
 from .fingerprint import FolderFingerprint, fingerprint_folder
 from .manifest import MANIFEST_NAME
-from .pipeline import RunResult, StepOutcome, run
 from .report import render_markdown
+from .state import StepOutcome
 
 __all__ = [
     "EXIT",

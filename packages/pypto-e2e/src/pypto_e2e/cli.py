@@ -16,9 +16,11 @@ from typing import Any, ClassVar, NoReturn
 from pypto_common import cli_logging, export_line, redact, redact_argv, redact_obj
 
 from . import __version__
+from .chain import RunResult, run
 from .config import STEPS, RunConfig
 from .errors import EXIT, BadRunInputError, E2EError
-from .pipeline import RunResult, run
+
+__all__ = ["OWN_LOGGERS", "build_parser", "main", "run_config_from_args"]
 
 #: Loggers whose INFO lines are this tool's own; every other library stays at WARNING
 #: unless -v (a hub client's "HTTP Request: GET ..." per file buried the step lines).

@@ -15,9 +15,18 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from .chain import RunResult, run
 from .config import RunConfig
 from .errors import E2EEnvironmentError
-from .pipeline import RunResult, run
+
+__all__ = [
+    "DEFAULT_WORK_DIR",
+    "DEMO_PROMPT",
+    "DEMO_REPO_ID",
+    "demo_config",
+    "demo_model_dir",
+    "run_demo",
+]
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
+__all__ = ["PyptoDemoConfig", "PyptoDemoForCausalLM"]
+
 
 class PyptoDemoConfig(LlamaConfig):
     """Llama config under the demo's own class name (model_type stays ``llama``)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from . import __version__
 
+__all__ = ["PRESET"]
+
 PRESET = {
     "family": "pypto_demo",
     "version": __version__,

@@ -27,6 +27,7 @@ __all__ = [
     "WorkDirError",
     "cause_of",
     "e2e_code_for",
+    "step_failure",
 ]
 
 #: pypto-e2e's exit codes (shared 0-3 plus its own range 60-69); read them by name.
@@ -186,6 +187,21 @@ class StepFailedError(E2EError):
         self.cause = cause
         hint = resume or "fix the cause and re-run the same command: completed steps are reused"
         super().__init__(f"step {step!r} failed: {message} ({hint})")
+
+
+def step_failure(step: str, err: BaseException, *, resume: str = "") -> StepFailedError:
+    """A step tool's typed error as the e2e failure of ``step`` (its code kept as cause)."""
+    tool, module = STEP_TOOLS[step]
+    code = getattr(err, "exit_code", None)
+    code = code if isinstance(code, int) else None
+    message = " ".join(str(err).split()) or type(err).__name__
+    return StepFailedError(
+        step,
+        message,
+        exit_code=e2e_code_for(step, code),
+        resume=resume,
+        cause=cause_of(tool, module, code),
+    )
 
 
 class WorkDirError(E2EError):

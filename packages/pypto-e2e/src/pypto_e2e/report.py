@@ -10,6 +10,8 @@ from typing import Any
 
 from .config import RunConfig
 
+__all__ = ["arm_ratio", "render_markdown", "tuning_section", "write_plot"]
+
 log = logging.getLogger(__name__)
 
 

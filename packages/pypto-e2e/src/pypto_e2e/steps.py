@@ -1,6 +1,6 @@
 """The six steps, each a library call into the package that owns the work.
 
-A step returns ``(outputs, note)``; the orchestration in :mod:`pypto_e2e.pipeline`
+A step returns ``(outputs, note)``; the step chain in :mod:`pypto_e2e.chain`
 records it. Typed errors of the step tools become :class:`StepFailedError` with the
 e2e code of the step and the tool's own code as ``cause``.
 """
@@ -8,38 +8,37 @@ e2e code of the step and the tool's own code as ``cause``.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pypto_common import atomic_write_text, redact
 
-from .errors import EXIT, STEP_TOOLS, StepFailedError, cause_of, e2e_code_for
+from .errors import EXIT, StepFailedError, cause_of, step_failure
+from .remote_code import entries_text, remote_code_entries, verify_pin
 from .report import render_markdown, write_plot
+from .state import RunState
 
-if TYPE_CHECKING:
-    from .pipeline import RunState
+# remote_code_entries, step_failure and verify_pin live in lower modules (remote_code,
+# errors) so the run state can use them; they stay importable from here.
+__all__ = [
+    "StepResult",
+    "do_bench",
+    "do_download",
+    "do_patch",
+    "do_report",
+    "do_smoke",
+    "do_tune",
+    "remote_code_entries",
+    "step_failure",
+    "tune_dir",
+    "verify_pin",
+]
 
 log = logging.getLogger(__name__)
 
 StepResult = tuple[dict[str, Any], str]
-
-
-def step_failure(step: str, err: BaseException, *, resume: str = "") -> StepFailedError:
-    """A step tool's typed error as the e2e failure of ``step`` (its code kept as cause)."""
-    tool, module = STEP_TOOLS[step]
-    code = getattr(err, "exit_code", None)
-    code = code if isinstance(code, int) else None
-    message = " ".join(str(err).split()) or type(err).__name__
-    return StepFailedError(
-        step,
-        message,
-        exit_code=e2e_code_for(step, code),
-        resume=resume,
-        cause=cause_of(tool, module, code),
-    )
 
 
 # --------------------------------------------------------------------------- download
@@ -74,48 +73,6 @@ def do_download(state: RunState) -> StepResult:
 # --------------------------------------------------------------------------- patch
 
 
-def remote_code_entries(folder: Path) -> list[dict[str, Any]]:
-    """Every way the folder makes transformers import its own code with trust_remote_code.
-
-    ``auto_map`` objects at any depth of the files pypto-patch names
-    (``AUTO_MAP_FILES``; processor_config.json nests one per sub-processor),
-    ``custom_pipelines`` in config.json, and the files transformers runs without any
-    entry (``REMOTE_CODE_FILES``, e.g. ``custom_generate/generate.py``).
-    """
-    from pypto_patch import AUTO_MAP_FILES, REMOTE_CODE_FILES
-
-    found: list[dict[str, Any]] = []
-    for name in AUTO_MAP_FILES:
-        try:
-            doc = json.loads((folder / name).read_text())
-        except (OSError, ValueError):
-            continue
-        stack: list[tuple[Any, str]] = [(doc, "")]
-        while stack:  # no recursion: the document comes from a stranger's repo
-            node, where = stack.pop()
-            if isinstance(node, list):
-                stack.extend((v, f"{where}/{i}") for i, v in enumerate(node))
-            if not isinstance(node, dict):
-                continue
-            for key, value in node.items():
-                at = f"{where}/{key}" if where else str(key)
-                if key == "auto_map" or (name == "config.json" and at == "custom_pipelines"):
-                    entries = value.items() if isinstance(value, dict) else [(None, value)]
-                    found += [
-                        {"file": name, "at": at, "key": str(k), "value": v} for k, v in entries
-                    ]
-                else:
-                    stack.append((value, at))
-    for rel in REMOTE_CODE_FILES:
-        if (folder / rel).is_file():
-            found.append({"file": rel, "at": "", "key": "(runs on load)", "value": None})
-    return sorted(found, key=lambda e: (e["file"], e["at"], e["key"]))
-
-
-def _entries_text(entries: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{e.get('file')}:{e.get('key')}" for e in entries)
-
-
 def do_patch(state: RunState) -> StepResult:
     from pypto_patch import PatchError, apply
 
@@ -134,12 +91,12 @@ def do_patch(state: RunState) -> StepResult:
             return {"not_needed": True}, "model needs no pinning: it names no code of its own"
         if c.trust_remote_code:
             return {"not_needed": True, "remote_code": remote}, (
-                f"not pinned: the folder's own code ({_entries_text(remote)}) runs because "
+                f"not pinned: the folder's own code ({entries_text(remote)}) runs because "
                 "--trust-remote-code was given"
             )
         raise StepFailedError(
             "patch",
-            f"the model ships its own code ({_entries_text(remote)}) and no preset pins it",
+            f"the model ships its own code ({entries_text(remote)}) and no preset pins it",
             exit_code=EXIT.REMOTE_CODE_REFUSED,
             resume="pass --family F (see `pypto-patch list`) or --auto-map/--copy to pin it, "
             "or --trust-remote-code if you trust that code",
@@ -176,7 +133,7 @@ def do_patch(state: RunState) -> StepResult:
     label = c.family or "custom auto_map"
     if removed:
         state.say(
-            f"[patch] removed the repo's own code entries (they never run): {_entries_text(removed)}"
+            f"[patch] removed the repo's own code entries (they never run): {entries_text(removed)}"
         )
     return {
         "model_path": str(model_path),
@@ -186,27 +143,6 @@ def do_patch(state: RunState) -> StepResult:
         "pinned": True,
         "folder": state.folder_fingerprint(model_path).summary(),
     }, f"pinned to {label}" + (f"; removed {len(removed)} repo code entries" if removed else "")
-
-
-def verify_pin(folder: Path, *, step: str) -> None:
-    """pypto-patch's check that every auto_map entry resolves to the preset's shims.
-
-    Run right before anything loads with ``trust_remote_code=True`` on the strength of
-    the pin, so only the reviewed shims can run, never code the repo shipped.
-    """
-    from pypto_patch import PatchError, verify_pinned
-
-    try:
-        verify_pinned(folder)
-    except PatchError as err:
-        raise StepFailedError(
-            step,
-            f"the pinned folder {folder} failed pypto-patch's verification, so its code is "
-            f"not run: {' '.join(str(err).split())}",
-            exit_code=EXIT.PATCH_FAILED,
-            resume="re-run with --from patch to pin it afresh",
-            cause=cause_of("pypto-patch", "pypto_patch", err.exit_code),
-        ) from err
 
 
 # --------------------------------------------------------------------------- smoke

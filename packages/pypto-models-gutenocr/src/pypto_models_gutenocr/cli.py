@@ -32,6 +32,8 @@ from .runner import (
     write_json,
 )
 
+__all__ = ["build_parser", "main"]
+
 
 def _common(p: argparse.ArgumentParser, output_length: int) -> None:
     p.add_argument("--prompt", default="你好", help="prompt text")

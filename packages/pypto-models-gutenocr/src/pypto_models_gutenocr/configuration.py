@@ -18,6 +18,13 @@ from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
     Qwen2_5_VLTextConfig,
 )
 
+__all__ = [
+    "DEFAULT_MROPE_SECTION",
+    "GutenOCRConfig",
+    "MRopeSectionError",
+    "normalize_mrope_section",
+]
+
 DEFAULT_MROPE_SECTION = (16, 24, 24)
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pypto_common import ExitCodeTable
 
+__all__ = ["EXIT", "AskError", "BadInputError", "EnvironmentMissingError", "ModelLoadError"]
+
 #: pypto-gutenocr's exit codes (shared 0-3 plus its own range 70-79).
 EXIT = ExitCodeTable(
     "pypto-gutenocr",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from . import __version__
 
+__all__ = ["PRESET"]
+
 _MODELING = '''"""Placed by pypto-patch (preset gutenocr_3b): the code lives in pypto-models-gutenocr."""
 from pypto_models_gutenocr.modeling import *  # noqa: F403
 from pypto_models_gutenocr.modeling import GutenOCRForConditionalGeneration  # noqa: F401

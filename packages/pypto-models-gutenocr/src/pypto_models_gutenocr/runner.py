@@ -23,8 +23,8 @@ from typing import Any, cast
 import torch
 
 import pypto_kernels_gutenocr as kernels
-from pypto_bench.measure import RssPeak, count_tokens, summarize_seconds
-from pypto_bench.measure import summarize as summarize_samples
+from pypto_bench import RssPeak, count_tokens, summarize_seconds
+from pypto_bench import summarize as summarize_samples
 from pypto_capture import (
     DeviceNotAvailableError,
     InvalidDeviceSpecError,

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from .modeling import DEFAULT_BLOCK_LENGTH, additive_mask, block_causal_allowed
+from .masks import DEFAULT_BLOCK_LENGTH, additive_mask, block_causal_allowed
 
 log = logging.getLogger(__name__)
 

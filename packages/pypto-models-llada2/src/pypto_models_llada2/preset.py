@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from . import __version__
 
+__all__ = ["PRESET"]
+
 _MODELING = '''"""Placed by pypto-patch (preset llada2_moe): the code lives in pypto-models-llada2."""
 from pypto_models_llada2.modeling import *  # noqa: F403
 from pypto_models_llada2.modeling import LLaDA2MoeModel, LLaDA2MoeModelLM  # noqa: F401
