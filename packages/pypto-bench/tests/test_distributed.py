@@ -15,8 +15,9 @@ import pytest
 
 from pypto_bench import BadInputError, open_session, schema
 from pypto_bench.cli import main
-from pypto_bench.distributed import check_tp_plan, run_distributed, visible_devices
 from pypto_bench.errors import EXIT, NoTensorParallelPlanError
+from pypto_bench.multi import run_distributed, visible_devices
+from pypto_bench.multi.preflight import check_tp_plan
 from pypto_bench.report import format_table
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -223,7 +224,7 @@ def test_group_load_sampler_counts_the_group_as_own_work():
     import subprocess
     import time
 
-    from pypto_bench.distributed import group_load_sampler
+    from pypto_bench.multi.lifecycle import group_load_sampler
 
     burner = subprocess.Popen(
         [sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"],
@@ -303,7 +304,7 @@ def test_hostile_config_json_is_one_line_before_launch(tiny_llama, tmp_path, tex
     with pytest.raises(ModelNotFoundError) as info:
         check_tp_plan(_config(folder))
     assert "\n" not in str(info.value)
-    from pypto_bench.pipeline import run_pipeline
+    from pypto_bench.multi import run_pipeline
 
     with pytest.raises(ModelNotFoundError) as info:  # the pipeline placement reads it too
         run_pipeline(_config(folder, placement="pipeline", batch=1))

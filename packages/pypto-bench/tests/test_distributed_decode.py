@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pypto_bench import BenchConfig
-from pypto_bench.distributed import run_distributed, visible_devices
+from pypto_bench.multi import run_distributed, visible_devices
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 

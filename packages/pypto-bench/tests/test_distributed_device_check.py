@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pypto_bench.distributed import visible_devices
+from pypto_bench.multi import visible_devices
 
 ROOT = Path(__file__).resolve().parents[3]
 TOOL = ROOT / "tools" / "device_check_distributed.py"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pypto_bench.distributed import run_distributed, visible_devices
 from pypto_bench.errors import EXIT, RankFailedError
+from pypto_bench.multi import run_distributed, visible_devices
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _dist_fixtures import alive, group_members, prefill_config

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pypto_bench import BenchConfig
-from pypto_bench.distributed import run_distributed, visible_devices
+from pypto_bench.multi import run_distributed, visible_devices
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _dist_fixtures import prefill_config, reference_logits
@@ -184,7 +184,7 @@ def test_a_folder_cannot_hand_in_its_own_plan(tiny_llama, tmp_path):
     import json
     import shutil
 
-    from pypto_bench.distributed import check_tp_plan
+    from pypto_bench.multi.preflight import check_tp_plan
 
     folder = tmp_path / "hostile"
     shutil.copytree(tiny_llama, folder)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pypto_bench.distributed import run_distributed, visible_devices
+from pypto_bench.multi import run_distributed, visible_devices
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _dist_fixtures import make_tiny_qwen3_moe, prefill_config, reference_logits

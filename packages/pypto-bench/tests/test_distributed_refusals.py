@@ -18,9 +18,10 @@ import pytest
 
 from pypto_bench import BenchConfig
 from pypto_bench.cli import main
-from pypto_bench.distributed import MAX_RANK_TIMEOUT, visible_devices
+from pypto_bench.config import MAX_RANK_TIMEOUT
 from pypto_bench.errors import EXIT, BadInputError
-from pypto_bench.pipeline import MAX_PIPELINE_LAYERS
+from pypto_bench.multi import visible_devices
+from pypto_bench.multi.pipeline import MAX_PIPELINE_LAYERS
 
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 

@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from pypto_bench import BenchConfig, open_session, run_bench
-from pypto_bench.bench import GRAPH_BACKENDS, _Memory, _run_eager_prefill, _run_graph_prefill
+from pypto_bench.config import GRAPH_BACKENDS
+from pypto_bench.protocol import Memory as _Memory
+from pypto_bench.protocol.prefill import run_eager_prefill as _run_eager_prefill
+from pypto_bench.protocol.prefill import run_graph_prefill as _run_graph_prefill
 from pypto_bench.report import ArmResult
 
 SMALL = {"device": "cpu", "dtype": "float32", "warmup": 0, "iters": 1, "measure_bandwidth": False}

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pypto_bench.distributed import DEVICE_ID_ENV, visible_devices
-from pypto_bench.lifecycle import TERMINATED_EXIT
+from pypto_bench.multi import DEVICE_ID_ENV, visible_devices
+from pypto_bench.multi.lifecycle import TERMINATED_EXIT
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _dist_fixtures import alive, group_members
@@ -238,7 +238,7 @@ def test_the_watch_ends_a_child_whose_parent_was_killed_without_the_signal(tmp_p
         """
         import os, sys, time
         from pathlib import Path
-        from pypto_bench.lifecycle import watch_parent
+        from pypto_bench.multi.lifecycle import watch_parent
         def died():
             Path(sys.argv[2]).write_text("parent gone")
             os._exit(0)
@@ -260,7 +260,7 @@ def test_the_parent_death_signal_ends_a_child_that_does_nothing_else(tmp_path):
         """
         import signal, sys, time
         from pathlib import Path
-        from pypto_bench.lifecycle import set_parent_death_signal
+        from pypto_bench.multi.lifecycle import set_parent_death_signal
         assert set_parent_death_signal(signal.SIGKILL)
         Path(sys.argv[2]).write_text("armed")
         time.sleep(600)

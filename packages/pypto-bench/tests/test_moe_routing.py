@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 
 from pypto_bench import BadInputError, BenchConfig, run_bench, schema
-from pypto_bench.bench import STATIC_MOE_NOTE
 from pypto_bench.cli import main
 from pypto_bench.errors import EXIT
+from pypto_bench.protocol import STATIC_MOE_NOTE
 from pypto_bench.report import format_table, report_to_markdown
 
 
@@ -92,9 +92,10 @@ def test_static_routing_differs_by_design_and_gets_no_verdict(static_report):
 
 def test_the_roofline_counts_the_routed_experts_only(moe_folder, tmp_path):
     """Weights read per step = all weights - all experts + top-k experts per MoE layer."""
-    from pypto_bench.bench import _Ctx, _fill_roofline
+    from pypto_bench.bench import _fill_roofline
     from pypto_bench.loading import load_model
     from pypto_bench.measure import weight_bytes_read_per_step
+    from pypto_bench.protocol import Context as _Ctx
     from pypto_bench.report import Report
 
     loaded = load_model(str(moe_folder), device="cpu", dtype="float32")

@@ -15,7 +15,7 @@ import pytest
 from pypto_bench import BadInputError, BenchConfig, schema
 from pypto_bench.cli import main
 from pypto_bench.errors import EXIT
-from pypto_bench.pipeline import stage_device_map
+from pypto_bench.multi.pipeline import stage_device_map
 from pypto_bench.report import format_table
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pypto_bench.errors import NoTensorParallelPlanError
-from pypto_bench.tensor_parallel import check_plan, parse_plan, plan_of, shard_model
+from pypto_bench.multi.tensor import check_plan, parse_plan, plan_of, shard_model
 
 
 class _Cfg:

@@ -4,18 +4,10 @@ Library first; the ``pypto-bench`` CLI is a thin layer over these functions.
 """
 
 from .args import add_bench_arguments, bench_config_from_args
-from .bench import (
-    ARMS,
-    GRAPH_BACKENDS,
-    REGIMES,
-    BenchConfig,
-    BenchSession,
-    open_session,
-    run_bench,
-    run_sweep,
-)
+from .bench import BenchSession, open_session, run_bench, run_sweep
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
+from .config import ARMS, GRAPH_BACKENDS, REGIMES, Arm, BenchConfig, Regime
 from .distributed import run_distributed
 from .errors import (
     EXIT,
@@ -35,7 +27,14 @@ from .errors import (
     ReportWriteError,
     TooManyRanksError,
 )
-from .measure import measure_bandwidth, measure_matmul_peak
+from .measure import (
+    RssPeak,
+    count_tokens,
+    measure_bandwidth,
+    measure_matmul_peak,
+    summarize,
+    summarize_seconds,
+)
 from .plugins import applicable_plugins, discover_plugins, register_plugin, unregister_plugin
 from .report import (
     SCHEMA_VERSION,
@@ -71,6 +70,7 @@ __all__ = [
     "GRAPH_BACKENDS",
     "REGIMES",
     "SCHEMA_VERSION",
+    "Arm",
     "ArmResult",
     "BadInputError",
     "BenchConfig",
@@ -87,10 +87,12 @@ __all__ = [
     "NoTensorParallelPlanError",
     "PluginError",
     "RankFailedError",
+    "Regime",
     "RegimeNotSupportedError",
     "Report",
     "ReportPathError",
     "ReportWriteError",
+    "RssPeak",
     "SmokeResult",
     "TooManyRanksError",
     "add_bench_arguments",
@@ -98,6 +100,7 @@ __all__ = [
     "bench_config_from_args",
     "coherence_score",
     "compare",
+    "count_tokens",
     "degenerate_reason",
     "diffusion_generate",
     "discover_plugins",
@@ -114,6 +117,8 @@ __all__ = [
     "run_sweep",
     "schema",
     "smoke",
+    "summarize",
+    "summarize_seconds",
     "supports_diffusion",
     "unregister_plugin",
     "validate_report",

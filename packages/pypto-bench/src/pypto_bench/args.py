@@ -6,7 +6,7 @@ a run "with the same flags" measured something else. Both tools now add the flag
 :func:`add_bench_arguments` and build the config with :func:`bench_config_from_args`,
 so a flag exists, is spelled and defaults the same everywhere.
 
-Each flag's ``dest`` is the :class:`~pypto_bench.bench.BenchConfig` field it sets. No
+Each flag's ``dest`` is the :class:`~pypto_bench.config.BenchConfig` field it sets. No
 torch import here: a CLI builds its parser before choosing device environment variables.
 """
 
@@ -18,8 +18,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .bench import ARMS, GRAPH_BACKENDS, MOE_ROUTINGS, REGIMES, BenchConfig
-from .loading import DTYPES
+from .config import ARMS, DTYPES, GRAPH_BACKENDS, MOE_ROUTINGS, PLACEMENTS, REGIMES, BenchConfig
+
+__all__ = [
+    "FLAG_FOR",
+    "NOT_FLAGS",
+    "add_bench_arguments",
+    "bench_config_from_args",
+    "parse_arms",
+    "parse_batches",
+]
 
 # BenchConfig fields that are not user flags: the recorded command line is set by the
 # program that runs the bench (already redacted there), never typed by the user.
@@ -169,7 +177,7 @@ _FLAGS: tuple[_Flag, ...] = (
         "--placement",
         "--nproc > 1: tensor (shards of every layer, one process per device) or pipeline "
         "(layers split over the devices in one process; prefill, eager arm)",
-        choices=("tensor", "pipeline"),
+        choices=PLACEMENTS,
     ),
     _Flag(
         "nproc_baseline",

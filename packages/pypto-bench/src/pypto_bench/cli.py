@@ -20,6 +20,11 @@ from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 from .args import FLAG_FOR, add_bench_arguments
 from .errors import EXIT, BenchError
 
+__all__ = [
+    "OWN_LOGGERS",
+    "main",
+]
+
 log = logging.getLogger("pypto_bench")
 
 # Loggers whose INFO lines are this tool's own; everything else stays at WARNING

@@ -28,6 +28,12 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
+__all__ = [
+    "REPLACEMENT",
+    "coherence_score",
+    "degenerate_reason",
+]
+
 REPLACEMENT = "\ufffd"
 _PUNCT = "\"'()[]{}<>.,;:!?-–—*_`«»“”‘’"
 

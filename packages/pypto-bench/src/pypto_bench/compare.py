@@ -15,6 +15,14 @@ from .errors import BadInputError, CompareMismatchError, EnvironmentMissingError
 from .noise import summary as noise_summary
 from .report import Report, load_report
 
+__all__ = [
+    "Comparison",
+    "compare",
+    "machine_of",
+    "peak_memory",
+    "plot",
+]
+
 
 def _data(r: Report | dict[str, Any] | str | Path) -> dict[str, Any]:
     if isinstance(r, Report):

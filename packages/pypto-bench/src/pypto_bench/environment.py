@@ -25,6 +25,18 @@ from typing import Any
 
 from pypto_common.npu_api import NpuApi, parse_table
 
+__all__ = [
+    "ALLOC_CONF",
+    "NPU",
+    "NPU_ALLOC_CONF_DEFAULT",
+    "NPU_API_TABLE",
+    "cpu_model",
+    "environment_metadata",
+    "open_device",
+    "prepare_device_env",
+    "torch_npu_installed",
+]
+
 log = logging.getLogger(__name__)
 
 # kind path [keywords] | where it was checked (torch_npu wheels 2.5.1 .. 2.12.0).

@@ -10,6 +10,25 @@ from __future__ import annotations
 
 from pypto_common import ExitCodeTable
 
+__all__ = [
+    "EXIT",
+    "BadInputError",
+    "BenchError",
+    "CompareMismatchError",
+    "DegenerateOutputError",
+    "EnvironmentMissingError",
+    "GenerationError",
+    "ModelLoadError",
+    "ModelNotFoundError",
+    "NoTensorParallelPlanError",
+    "PluginError",
+    "RankFailedError",
+    "RegimeNotSupportedError",
+    "ReportPathError",
+    "ReportWriteError",
+    "TooManyRanksError",
+]
+
 #: pypto-bench's exit codes (shared 0-3 plus its own range 40-49); read them by name.
 EXIT = ExitCodeTable(
     "pypto-bench",

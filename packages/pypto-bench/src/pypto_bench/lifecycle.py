@@ -1,36 +1,20 @@
-"""Nothing a run starts outlives the process that started it.
-
-A ``--nproc`` run is three generations of processes: the command (``pypto-bench run``),
-the launcher it starts (torch's elastic agent, leading its own process group) and the
-ranks the launcher spawns (with their own helpers in that group). Whatever ends a
-parent (SIGKILL from ``timeout -s KILL``, a CI runner, the OOM killer), its children
-notice within a fraction of a second by two independent means:
-
-* the Linux parent-death signal (``prctl(PR_SET_PDEATHSIG)``), set by the child itself
-  as it starts, followed by a check that its parent is still the one expected (a parent
-  that died before the call would never send it);
-* a daemon thread polling ``os.getppid()``: a child whose parent ended is re-parented
-  (to init or a subreaper), so the pid changes. It works where the signal does not
-  (other systems, a signal lost to a thread that exited).
-
-SIGTERM on the command is turned into :class:`Terminated` (a ``KeyboardInterrupt``), so
-it unwinds like Ctrl-C: the launcher's group is ended, temporary folders are removed,
-and the CLI exits with :data:`TERMINATED_EXIT` (128 + SIGTERM).
-"""
+"""Old home of "nothing a run starts outlives the process that started it" (kept so every
+existing import keeps working): the code lives in :mod:`pypto_bench.multi.lifecycle`."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import logging
-import os
-import signal
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from .multi.lifecycle import (
+    PARENT_POLL_S,
+    TERMINATED_EXIT,
+    Terminated,
+    end_group_members,
+    group_stats,
+    live_group_members,
+    proc_stat,
+    set_parent_death_signal,
+    sigterm_as_interrupt,
+    watch_parent,
+)
 
 __all__ = [
     "PARENT_POLL_S",
@@ -44,113 +28,3 @@ __all__ = [
     "sigterm_as_interrupt",
     "watch_parent",
 ]
-
-log = logging.getLogger(__name__)
-
-#: ``prctl`` option of <linux/prctl.h>: the signal sent when the parent thread ends.
-_PR_SET_PDEATHSIG = 1
-#: Seconds between two ``getppid()`` checks of the watching thread.
-PARENT_POLL_S = 0.2
-#: The shell's code for "ended by SIGTERM" (128 + 15).
-TERMINATED_EXIT = 128 + int(signal.SIGTERM)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM received: unwinds like Ctrl-C (cleanup runs), the CLI exits 143."""
-
-    exit_code = TERMINATED_EXIT
-
-    def __str__(self) -> str:
-        return "terminated by SIGTERM"
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent ends; False where the
-    call is unavailable (not Linux, no libc). Call it early, then check the parent is
-    still the expected one: a parent already gone never sends it."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def watch_parent(
-    parent_pid: int, on_death: Callable[[], None], *, poll_s: float = PARENT_POLL_S
-) -> threading.Thread:
-    """A daemon thread that calls ``on_death()`` once, as soon as this process's parent
-    is no longer ``parent_pid`` (immediately when it already is not)."""
-
-    def run() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_s)
-        on_death()
-
-    thread = threading.Thread(target=run, name="pypto-parent-watch", daemon=True)
-    thread.start()
-    return thread
-
-
-def proc_stat(pid: Any) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first); None when
-    the process is gone or the system has no ``/proc``."""
-    try:
-        return Path(f"/proc/{int(pid)}/stat").read_text().rpartition(")")[2].split()
-    except (OSError, TypeError, ValueError):
-        return None
-
-
-def group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
-    """(pid, stat fields) of every process of group ``pgid`` (Linux ``/proc``; none elsewhere)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            rest = proc_stat(entry.name)
-            with contextlib.suppress(IndexError, ValueError):
-                if rest is not None and int(rest[2]) == pgid:
-                    yield int(entry.name), rest
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Pids of the processes of group ``pgid`` that have not ended (zombies have)."""
-    return [pid for pid, rest in group_stats(pgid) if rest[0] != "Z"]
-
-
-def end_group_members(pgid: int, *, timeout: float = 10.0) -> None:
-    """SIGKILL every live member of group ``pgid`` but this process, until none is left
-    (members started meanwhile included) or ``timeout`` seconds have passed."""
-    me = os.getpid()
-    deadline = time.monotonic() + timeout
-    while True:
-        others = [p for p in live_group_members(pgid) if p != me]
-        if not others or time.monotonic() > deadline:
-            return
-        for pid in others:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (a second
-    one during the cleanup it starts is ignored). Outside the main thread: no change."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the cleanup finish
-        raise Terminated()
-
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # nohup and the like: keep it
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -16,7 +16,14 @@ from typing import Any
 
 from pypto_common import redact
 
-from .errors import BadInputError, ModelLoadError, ModelNotFoundError, RegimeNotSupportedError
+from .config import DTYPES
+from .errors import (
+    BadInputError,
+    EnvironmentMissingError,
+    ModelLoadError,
+    ModelNotFoundError,
+    RegimeNotSupportedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +33,7 @@ __all__ = [
     "IMAGE_TEXT_TO_TEXT",
     "TOKEN_BY_TOKEN_REGIMES",
     "LoadedModel",
+    "auto_class",
     "auto_class_name",
     "block_diffusion_class",
     "block_diffusion_refusal",
@@ -34,13 +42,13 @@ __all__ = [
     "eos_token_ids",
     "is_block_diffusion_class",
     "load_model",
+    "load_pretrained",
     "needs_remote_code",
     "read_model_config",
     "ready_for_inference",
+    "refuse_remote_code",
     "torch_dtype",
 ]
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -116,6 +124,16 @@ def needs_remote_code(config: dict[str, Any]) -> bool:
     from transformers import CONFIG_MAPPING
 
     return config.get("model_type") not in CONFIG_MAPPING
+
+
+def refuse_remote_code(config: dict[str, Any], path: Path, trust_remote_code: bool) -> None:
+    """``ModelLoadError`` (exit 40) for a model whose config needs the folder's own code
+    when the caller did not pass ``--trust-remote-code``: before anything loads or starts."""
+    if needs_remote_code(config) and not trust_remote_code:
+        raise ModelLoadError(
+            f"model type {config.get('model_type')!r} at {path} ships its own code: "
+            "rerun with --trust-remote-code if you trust that folder"
+        )
 
 
 def torch_dtype(name: str):
@@ -284,7 +302,7 @@ def auto_class_name(
     )
 
 
-def _auto_class(config: dict[str, Any], *, image: bool = False) -> Any:
+def auto_class(config: dict[str, Any], *, image: bool = False) -> Any:
     """The Auto class :func:`auto_class_name` picks (AutoModelForCausalLM by default)."""
     import transformers
 
@@ -320,38 +338,16 @@ def load_model(
     path = check_model_folder(model_path)
     config = read_model_config(path)
     wanted_dtype = torch_dtype(dtype)
-    if needs_remote_code(config) and not trust_remote_code:
-        raise ModelLoadError(
-            f"model type {config.get('model_type')!r} at {path} ships its own code: "
-            "rerun with --trust-remote-code if you trust that folder"
-        )
-    import transformers
-    from transformers import AutoTokenizer
-
+    refuse_remote_code(config, path, trust_remote_code)
     auto_name = auto_class_name(config, image=image, path=path)
-    auto_class = getattr(transformers, auto_name)
-    kwargs: dict[str, Any] = {
-        "local_files_only": True,
-        "trust_remote_code": trust_remote_code,
-        "dtype": wanted_dtype,
-    }
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
     start = time.perf_counter()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(path), local_files_only=True, trust_remote_code=trust_remote_code
-        )
-        model = auto_class.from_pretrained(str(path), **kwargs)
-    except Exception as err:  # transformers raises many unrelated types here
-        msg = _short_transformers_error(redact(" ".join(str(err).split())))
-        if "trust_remote_code" in msg and not trust_remote_code:
-            raise ModelLoadError(
-                f"{path} needs its own code to load: rerun with --trust-remote-code if you trust it"
-            ) from err
-        raise ModelLoadError(
-            f"loading {path} with {auto_name} failed: {type(err).__name__}: {msg[:300]}"
-        ) from err
+    model, tokenizer = load_pretrained(
+        path,
+        auto_name,
+        trust_remote_code=trust_remote_code,
+        dtype=wanted_dtype,
+        attn_implementation=attn_implementation,
+    )
     try:
         model.to(device)
     except Exception as err:
@@ -373,6 +369,66 @@ def load_model(
         auto_class=auto_name,
         vision_language=vision_language,
     )
+
+
+def load_pretrained(
+    path: Path,
+    auto_name: str,
+    *,
+    trust_remote_code: bool,
+    dtype: Any,
+    attn_implementation: str | None = None,
+    extra: dict[str, Any] | None = None,
+    how: str | None = None,
+    needs_accelerate: bool = False,
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` offline through ``transformers.<auto_name>.from_pretrained``,
+    every failure one line: ``ModelLoadError`` naming --trust-remote-code or the error.
+
+    ``dtype``: a torch dtype or ``"auto"`` (:func:`torch_dtype`); ``extra``: more
+    ``from_pretrained`` keywords (a ``distributed_config``, a ``device_map``); ``how``
+    names the placement in errors (default ``with <auto_name>``). ``needs_accelerate``:
+    ``extra`` is transformers' own placement, so a missing accelerate is an
+    ``EnvironmentMissingError`` (exit 3) naming the install.
+    """
+    import transformers
+    from transformers import AutoTokenizer
+
+    how = how or f"with {auto_name}"
+    kwargs: dict[str, Any] = {
+        "local_files_only": True,
+        "trust_remote_code": trust_remote_code,
+        "dtype": dtype,
+        **(extra or {}),
+    }
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    need = f"loading {how} needs accelerate: pip install 'pypto-bench[distributed]'"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        model = getattr(transformers, auto_name).from_pretrained(str(path), **kwargs)
+    except ImportError as err:
+        if needs_accelerate:
+            raise EnvironmentMissingError(f"{need} ({err})") from err
+        raise _load_error(err, path, how, trust_remote_code) from err
+    except Exception as err:  # transformers raises many unrelated types here
+        if needs_accelerate and "requires `accelerate`" in str(err):
+            raise EnvironmentMissingError(need) from err
+        raise _load_error(err, path, how, trust_remote_code) from err
+    return model, tokenizer
+
+
+def _load_error(
+    err: BaseException, path: Path, how: str, trust_remote_code: bool
+) -> ModelLoadError:
+    msg = _short_transformers_error(redact(" ".join(str(err).split())))
+    if "trust_remote_code" in msg and not trust_remote_code:
+        return ModelLoadError(
+            f"{path} needs its own code to load: rerun with --trust-remote-code if you trust it"
+        )
+    return ModelLoadError(f"loading {path} {how} failed: {type(err).__name__}: {msg[:300]}")
 
 
 def ready_for_inference(model: Any, tokenizer: Any) -> None:

@@ -13,6 +13,25 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = [
+    "BANDWIDTH_METHOD",
+    "MATMUL_METHOD",
+    "RSS_METHOD",
+    "RssPeak",
+    "attention_flops_per_token",
+    "cache_bytes_probe",
+    "count_tokens",
+    "kv_bytes_per_token",
+    "match_rate",
+    "measure_bandwidth",
+    "measure_matmul_peak",
+    "read_rss",
+    "roofline",
+    "summarize",
+    "summarize_seconds",
+    "weight_bytes_read_per_step",
+]
+
 BANDWIDTH_METHOD = (
     "best of {n} over {mib} MiB float32: max(copy dst.copy_(src) counting read + write "
     "= {copy_gbs:.1f} GB/s, read-only reduction src.sum() = {read_gbs:.1f} GB/s)"

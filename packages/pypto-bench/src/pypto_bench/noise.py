@@ -21,9 +21,23 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from .config import Arm
+
+__all__ = [
+    "OWN_PROCESS_METHOD",
+    "SUGGESTION",
+    "THRESHOLDS",
+    "LoadSampler",
+    "NoiseThresholds",
+    "assess",
+    "guard",
+    "noise_section",
+    "summary",
+]
 
 
 @dataclass(frozen=True)
@@ -247,7 +261,7 @@ def assess(
                     f"{c['threshold']:g} (samples {', '.join(f'{s:.1f}' for s in tps['samples'])})"
                 )
                 mark(arm.name, (TOK_S, RATIO, ROOFLINE), why)
-                if arm.name == "eager":  # the baseline of every other arm's ratio
+                if arm.name == Arm.EAGER:  # the baseline of every other arm's ratio
                     for other in ok_arms:
                         mark(other.name, (RATIO,), why)
     for arm in ok_arms:
@@ -339,3 +353,42 @@ def summary(noise: dict[str, Any] | None) -> str | None:
 
 def _num(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def guard(
+    report: Any,
+    load: dict[str, Any] | None,
+    *,
+    batches: Sequence[tuple[int, Any]] | None = None,
+    baselines: Sequence[Any] = (),
+) -> str | None:
+    """Assess a finished run and fill ``report.noise``; the one-line summary (also added
+    to ``report.warnings``) when the run is noisy, else None. The caller logs it.
+
+    ``batches``: a sweep's ``(batch, Report)`` pairs (default: ``report`` alone); each
+    batch's arms are assessed, the machine load once. ``baselines``: a multi-rank run's
+    1-rank baseline arms: assessed without the load (it was sampled over both runs), and
+    a noisy one marks its arm's scaling efficiency untrustworthy
+    (``details.scaling_unreliable``).
+    """
+    runs = list(batches) if batches is not None else [(0, report)]
+    checks: list[dict[str, Any]] = []
+    for batch, run in runs:
+        where = f"batch {batch} / " if len(runs) > 1 else ""
+        got = assess(run.arms, load, where=where)
+        if any(c["name"] == "load" for c in checks):
+            got = [c for c in got if c["name"] != "load"]
+        checks += got
+    if baselines:
+        checks += assess(list(baselines), None, where="1-rank baseline / ")
+    report.noise = noise_section(checks, load)
+    for base in baselines:
+        if base.unreliable:
+            why = f"1-rank {base.name} baseline: {base.unreliable['why']}"
+            for arm in report.arms:
+                if arm.name == base.name:
+                    arm.details["scaling_unreliable"] = why
+    line = summary(report.noise)
+    if line:
+        report.warnings.append(line)
+    return line

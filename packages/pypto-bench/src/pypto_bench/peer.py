@@ -30,10 +30,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .config import PEER_ARM  # the arm's name in ``--arms`` and in reports
+
+__all__ = [
+    "PEER_ARM",
+    "PEER_RECIPE",
+    "PeerUnavailableError",
+    "compile_config",
+    "compiled_prefill",
+    "forget_compiled_call",
+    "generate_kwargs",
+    "used_compiled_call",
+]
+
 log = logging.getLogger(__name__)
 
-#: The arm's name in ``--arms`` and in reports.
-PEER_ARM = "hf-compile"
 
 #: What the report says the arm is (one line, in the arm's details).
 PEER_RECIPE = (

@@ -18,6 +18,15 @@ from typing import Any
 
 from .errors import PluginError
 
+__all__ = [
+    "GROUP",
+    "KERNEL_PACKAGE_FOR",
+    "applicable_plugins",
+    "discover_plugins",
+    "register_plugin",
+    "unregister_plugin",
+]
+
 log = logging.getLogger(__name__)
 
 GROUP = "pypto.kernels"

@@ -25,7 +25,32 @@ from typing import Any
 
 from pypto_common import atomic_write_text, redact, redact_argv, redact_obj
 
+from .config import Arm, Placement
 from .errors import BadInputError, ReportPathError, ReportWriteError
+
+__all__ = [
+    "CPU_MEMORY_HEADERS",
+    "DIFFUSION_HEADERS",
+    "HEADERS",
+    "SCHEMA_VERSION",
+    "SWEEP_HEADERS",
+    "ArmResult",
+    "Report",
+    "check_report_path",
+    "fallback_dirs",
+    "format_table",
+    "headers",
+    "load_report",
+    "model_section",
+    "new_report",
+    "report_to_markdown",
+    "schema",
+    "underlying_error",
+    "validate_report",
+    "vl_line",
+    "with_suppress_unlink",
+    "write_report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +145,9 @@ class Report:
 
     def finish(self) -> None:
         """Ratios to eager and the overall verdict (any failed arm -> not ok)."""
-        eager = self.arm("eager")
+        eager = self.arm(Arm.EAGER)
         base = eager.tokens_per_s.get("best") if eager and eager.ok else None
-        peer = self.arm("hf-compile")
+        peer = self.arm(Arm.HF_COMPILE)
         peer_base = peer.tokens_per_s.get("best") if peer and peer.ok else None
         for arm in self.arms:
             best = arm.tokens_per_s.get("best")
@@ -174,6 +199,34 @@ def new_report(config: Any, *, device: Any, device_name: str | None) -> Report:
         config=config.to_dict(),
         regime=config.regime,
     )
+
+
+def model_section(
+    model: Any,
+    *,
+    path: str | Path,
+    model_type: str | None,
+    load_s: float,
+    load_memory: dict[str, Any],
+    parameters: int | None = None,
+) -> dict[str, Any]:
+    """The report's ``model`` section for a loaded ``model`` (one shape for every run).
+
+    ``parameters``: the whole model's count where ``model`` is a shard (default: its own
+    parameters); ``load_memory``: the load's peaks (None where the device keeps none)
+    and the resident-set figures (``measure.RssPeak.result()``).
+    """
+    return {
+        "path": str(path),
+        "class": type(model).__name__,
+        "model_type": model_type,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "parameters": (
+            parameters if parameters is not None else sum(p.numel() for p in model.parameters())
+        ),
+        "load_s": load_s,
+        "load_memory": load_memory,
+    }
 
 
 def _own_version() -> str:
@@ -642,7 +695,7 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
     base = (dist.get("baseline") or {}).get("tokens_per_s") or {}
     comm = dist.get("communication_share") or {}
     agree = dist.get("agreement") or {}
-    pipeline = dist.get("placement") == "pipeline"
+    pipeline = dist.get("placement") == Placement.PIPELINE
     tok_s = _fmt((dist.get("aggregate_tokens_per_s") or {}).get("best"))
     head = (
         f"{dist['nproc']} pipeline stages (one process, layers split over the devices): {tok_s} tok/s"

@@ -19,6 +19,14 @@ from .coherence import coherence_score, degenerate_reason
 from .errors import EXIT, BenchError
 from .vision import DEFAULT_IMAGE_PROMPT
 
+__all__ = [
+    "DEFAULT_MIN_COHERENCE",
+    "DEFAULT_PROMPT",
+    "THROUGHPUT_ONLY_HINT",
+    "SmokeResult",
+    "smoke",
+]
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -139,6 +147,19 @@ def smoke(
 
         result.vl = vl_info(loaded.model)
 
+    if not _generation_stage(result, loaded, prompt, max_new_tokens, dev):
+        return result
+    with_image = picture is not None and prompter is not None
+    if with_image and not _image_stage(result, loaded.model, prompter, picture, image_prompt, dev):
+        return result
+    _check_stage(result, strict, min_coherence)
+    return result
+
+
+def _generation_stage(
+    result: SmokeResult, loaded: Any, prompt: str, max_new_tokens: int, dev: Any
+) -> bool:
+    """Generate greedily into ``result``; False (reason set) when the generation failed."""
     result.stage, result.exit_code = "generate", EXIT.GENERATION_FAILED
     try:
         ids, finite, seconds, result.generation_path = _generate(
@@ -148,43 +169,52 @@ def smoke(
         result.reason = redact(
             f"generation failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}"
         )
-        return result
+        return False
     result.generate_seconds = round(seconds, 4)
     result.logits_finite = finite
     result.token_ids = ids
     result.text = loaded.tokenizer.decode(ids, skip_special_tokens=True)
     if not finite:
         result.reason = "generation produced non-finite logits (NaN/Inf): check dtype and kernels"
-        return result
-    if picture is not None and prompter is not None:
-        try:
-            info, image_finite = _image_forward(loaded.model, prompter, picture, image_prompt, dev)
-        except Exception as err:
-            result.reason = redact(
-                f"the image prompt's forward failed: {type(err).__name__}: "
-                f"{' '.join(str(err).split())[:300]}"
-            )
-            return result
-        result.vl = info
-        if not image_finite:
-            result.reason = (
-                "the image prompt produced non-finite logits (NaN/Inf): check dtype and the "
-                "vision tower's kernels"
-            )
-            return result
+        return False
+    return True
 
+
+def _image_stage(
+    result: SmokeResult, model: Any, prompter: Any, picture: Any, image_prompt: str, dev: Any
+) -> bool:
+    """One forward on the image prompt into ``result``; False (reason set) on a failure."""
+    try:
+        info, image_finite = _image_forward(model, prompter, picture, image_prompt, dev)
+    except Exception as err:
+        result.reason = redact(
+            f"the image prompt's forward failed: {type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]}"
+        )
+        return False
+    result.vl = info
+    if not image_finite:
+        result.reason = (
+            "the image prompt produced non-finite logits (NaN/Inf): check dtype and the "
+            "vision tower's kernels"
+        )
+        return False
+    return True
+
+
+def _check_stage(result: SmokeResult, strict: bool, min_coherence: float) -> None:
+    """The degenerate-output check and (``strict``) the coherence floor on ``result``."""
     result.stage, result.exit_code = "check", EXIT.DEGENERATE
-    reason = degenerate_reason(ids, result.text)
+    reason = degenerate_reason(result.token_ids, result.text)
     result.coherence = coherence_score(result.text)
     if reason is not None:
         result.reason = f"{reason}; {THROUGHPUT_ONLY_HINT}"
-        return result
+        return
     if strict and result.coherence < min_coherence:
         result.stage, result.exit_code = "coherence", EXIT.LOW_COHERENCE
         result.reason = f"coherence score {result.coherence:.2f} < {min_coherence:.2f} (--strict)"
-        return result
+        return
     result.passed, result.exit_code, result.stage = True, EXIT.OK, "done"
-    return result
 
 
 def _image_forward(

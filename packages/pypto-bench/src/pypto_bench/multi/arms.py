@@ -1,0 +1,147 @@
+"""One arm measured on this process's model (a rank's shard, the pipeline's stages, or the
+whole model alone for the 1-rank baseline) with the single-process protocol of
+:mod:`pypto_bench.bench`: the same warmup, iterations and synchronized timed spans.
+
+The one module of :mod:`pypto_bench.multi` that calls the single-process protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._shared import Beat, spread
+from .comm import GRAPH_COMM_UNMEASURED_CPU, communication
+from .fit import release_memory
+
+if TYPE_CHECKING:
+    from ..config import BenchConfig
+
+__all__ = [
+    "DISTRIBUTED_AUTO_BACKEND",
+    "Measured",
+    "graph_backend_for",
+    "make_ctx",
+    "measure_arm",
+    "measure_baseline",
+]
+
+#: ``--graph-backend auto`` across ranks: plain stream capture on accelerators (the eager
+#: step with its collectives inside); compiling first would also trace the collectives
+#: into inductor's graph, one more layer between the bench and the NCCL/HCCL calls.
+DISTRIBUTED_AUTO_BACKEND = {"cpu": "compile", "cuda": "cudagraph", "npu": "npugraph"}
+
+
+class Measured:
+    """One protocol run on one rank: the arm, its outputs and the rank's figures."""
+
+    def __init__(self, arm: Any, tokens: Any, output: Any, figures: dict[str, Any]) -> None:
+        self.arm = arm
+        self.tokens = tokens
+        self.output = output
+        self.figures = figures
+        self.model_info: dict[str, Any] = {}
+        self.ctx: Any = None
+
+
+def make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick: Any) -> Any:
+    """The single-process protocol's context (prompt, model, device, progress tick)."""
+    from ..protocol import make_context
+
+    return make_context(config, model, tokenizer, device, tick)
+
+
+def measure_arm(ctx: Any, name: str, *, with_comm: bool) -> Measured:
+    """The single-process protocol of ``pypto_bench.bench`` for arm ``name`` on this
+    process's model (eager: prefill or generate; graph: the captured decode step), plus,
+    with ``with_comm``, the communication of one extra profiled step."""
+    import torch
+
+    from ..protocol import Memory, moe_routing_for
+    from ..protocol.decode import eager_generate, run_decode
+    from ..protocol.prefill import prefill_fn, run_eager_prefill
+    from ..report import ArmResult
+
+    arm = ArmResult(name=name)
+    mem = Memory(ctx.device)
+    if name == "graph":
+        # As in one process: the graph arm's MoE experts run capture-safe (exact by default).
+        keep: dict[str, Any] = {}
+        with moe_routing_for(ctx, arm):
+            tokens = run_decode(ctx, arm, mem, keep)
+            arm.memory = mem.result()
+            # One more replayed iteration under the profiler (a CUDA graph replays NCCL
+            # kernels, which CUPTI sees). Not on CPU: profiling the compiled step while two
+            # gloo all-reduces are in flight crashed a rank (SIGSEGV in wait_tensor, once in
+            # a CI run; torch 2.13), and a measurement must not be able to kill the run.
+            if not with_comm:
+                comm = None
+            elif ctx.device.type == "cpu":
+                comm = {
+                    "seconds": None, "step_seconds": None, "share": None, "method": None,
+                    "unmeasured": GRAPH_COMM_UNMEASURED_CPU,
+                }  # fmt: skip
+            else:
+                comm = communication(keep["once"], ctx.device)
+        return Measured(arm, tokens, tokens.detach().cpu(), _rank_figures(arm, comm))
+    if ctx.config.regime == "prefill":
+        tokens = run_eager_prefill(ctx, arm, mem)
+        step: Callable[[], Any] = prefill_fn(ctx)
+    else:
+        tokens = run_decode(ctx, arm, mem)
+
+        def step() -> Any:
+            return eager_generate(ctx)[0]
+
+    arm.memory = mem.result()
+    with torch.inference_mode():
+        out = prefill_fn(ctx)() if ctx.config.regime == "prefill" else tokens
+    out = out.full_tensor() if hasattr(out, "full_tensor") else out
+    comm = communication(step, ctx.device) if with_comm else None
+    return Measured(arm, tokens, out.detach().float().cpu(), _rank_figures(arm, comm))
+
+
+def _rank_figures(arm: Any, comm: dict[str, Any] | None) -> dict[str, Any]:
+    """What a rank reports for one arm: its timed samples, memory and communication."""
+    seconds = list(arm.seconds.get("samples") or [])
+    return {
+        "step_s": spread(seconds),
+        "samples_s": seconds,
+        "ttft_s": list((arm.ttft_s or {}).get("samples") or []),
+        "tokens_per_iter": list(arm.tokens_per_iter),
+        "memory": arm.memory,
+        "communication": comm,
+    }
+
+
+def measure_baseline(config: BenchConfig, device: Any, beat: Beat) -> dict[str, Measured]:
+    """Rank 0 alone, the whole model, the standard load: the 1-rank run of this invocation."""
+    import torch
+
+    from ..loading import load_model
+
+    torch.manual_seed(config.seed)
+    loaded = load_model(config.model_path, device=device, **config.load_options())
+
+    def tick(arm: str, done: int, total: int) -> None:
+        beat.advance(f"1-rank baseline: iteration {done}/{total}")
+
+    ctx = make_ctx(config, loaded.model, loaded.tokenizer, device, tick)
+    if "graph" in config.arms:  # the backend the ranks use: the same capture on both sides
+        ctx.graph_backend = graph_backend_for(config, device)
+    run = {name: measure_arm(ctx, name, with_comm=False) for name in config.arms}
+    del ctx, loaded
+    release_memory(device)
+    return run
+
+
+def graph_backend_for(config: BenchConfig, device: Any) -> Any:
+    """The graph arm's backend on a rank (see ``DISTRIBUTED_AUTO_BACKEND``)."""
+    from pypto_capture.backends import make_backend
+
+    name = config.graph_backend
+    if name == "auto":
+        name = DISTRIBUTED_AUTO_BACKEND[device.type]
+    # Freezing folds parameters into graph constants and fails on the process group the
+    # traced all-reduce takes (inductor: "cannot assign FakeScriptObject to buffer").
+    return make_backend(name, device, compile_mode=config.compile_mode, freezing=False)

@@ -1,0 +1,328 @@
+"""A rank of a ``--nproc N`` run: :func:`rank_main` is what torch's elastic agent runs in
+every spawned process (pickled by reference: ``pypto_bench.multi.rank.rank_main``).
+
+A rank ends with its launcher, writes its progress to a heartbeat file the launcher's
+watchdog reads, joins the process group, and measures: rank 0 first runs the whole model
+alone (the 1-rank baseline) while the others wait; then every rank loads its shard and
+runs the single-process protocol with a barrier between iterations, so every sample is one
+collective step. Rank 0 gathers every rank's figures and writes ``result.json`` (the
+report) and ``outputs.pt`` into the run's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pypto_common import atomic_write_text, redact
+
+from ..errors import EnvironmentMissingError
+from .aggregate import build_report
+from .arms import Measured, graph_backend_for, make_ctx, measure_arm, measure_baseline
+from .fit import baseline_skip_reason, out_of_memory, release_memory
+from .lifecycle import EXIT_ORPHANED, group_load_sampler, set_parent_death_signal, watch_parent
+from .tensor import load_sharded
+
+if TYPE_CHECKING:
+    from ..config import BenchConfig
+
+__all__ = [
+    "DEVICE_ID_ENV",
+    "LAUNCHER_PID_ENV",
+    "RANK_PARENT_POLL_S",
+    "Heartbeat",
+    "config_from_json",
+    "rank_main",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seconds between a rank's checks that its launcher is alive (the parent-death signal
+#: ends it at once on Linux; this is the portable fallback).
+RANK_PARENT_POLL_S = 1.0
+#: Environment variable naming the launcher's pid to its ranks (their expected parent).
+LAUNCHER_PID_ENV = "PYPTO_BENCH_LAUNCHER_PID"
+#: Set in each rank's environment to its local device index before anything can import
+#: PyPTO (the reference workflow's multi-NPU runs set it; harmless where unread).
+DEVICE_ID_ENV = "TILE_FWK_DEVICE_ID"
+#: Seconds between the other ranks' checks that rank 0's baseline is done.
+_BASELINE_POLL_S = 0.2
+
+
+class Heartbeat:
+    """The rank's progress file: pid, step counter and stage, read by the watchdog."""
+
+    def __init__(self, folder: Path, rank: int) -> None:
+        self.path = folder / f"rank{rank}.json"
+        self.rank = rank
+        self.step = 0
+        self.stage = "starting"
+        self.write()
+
+    def write(self) -> None:
+        atomic_write_text(
+            self.path,
+            json.dumps(
+                {
+                    "rank": self.rank,
+                    "pid": os.getpid(),
+                    "step": self.step,
+                    "stage": self.stage,
+                    DEVICE_ID_ENV: os.environ.get(DEVICE_ID_ENV),
+                }
+            ),
+        )
+
+    def advance(self, stage: str) -> None:
+        self.step += 1
+        self.stage = stage
+        self.write()
+
+
+def config_from_json(data: dict[str, Any]) -> BenchConfig:
+    """The run's ``BenchConfig`` from the spec the launching process wrote (unknown keys
+    dropped, tuples restored)."""
+    from ..config import BenchConfig
+
+    known = {f.name for f in fields(BenchConfig)}
+    values = {k: v for k, v in data.items() if k in known}
+    values["arms"] = tuple(values.get("arms") or ())
+    values["batches"] = tuple(values.get("batches") or ())
+    return BenchConfig(**values)
+
+
+def _rank_ends_with_launcher() -> None:
+    """A rank dies with its launcher: SIGKILL as its parent-death signal, and a watching
+    thread that kills the launcher's whole group (this rank, its peers, their helpers)
+    when the parent changes, where that signal is unavailable."""
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if launcher <= 0:
+        return
+
+    def end_group() -> None:
+        with contextlib.suppress(OSError):
+            if os.getpgid(0) == launcher:  # the launcher's own group: the run, nothing else
+                os.killpg(launcher, signal.SIGKILL)
+        os._exit(EXIT_ORPHANED)
+
+    set_parent_death_signal(signal.SIGKILL)
+    # Also catches a launcher gone before the call; polled slowly (the fallback only),
+    # so the thread costs a timed step nothing measurable.
+    watch_parent(launcher, end_group, poll_s=RANK_PARENT_POLL_S)
+
+
+def _set_device_env(local_rank: int) -> None:
+    """``TILE_FWK_DEVICE_ID``: the rank's local device index, before PyPTO can be imported
+    (nothing of the rank imports it before this point: pypto_bench imports it lazily)."""
+    if "pypto" in sys.modules:
+        log.warning("PyPTO was imported before %s was set: it may use device 0", DEVICE_ID_ENV)
+    os.environ[DEVICE_ID_ENV] = str(local_rank)
+
+
+def rank_main(spec_path: str) -> None:
+    """Entry point of every rank (run by the elastic agent in a spawned process)."""
+    _rank_ends_with_launcher()
+    _set_device_env(int(os.environ.get("LOCAL_RANK", "0")))
+    rank = int(os.environ["RANK"])
+    spec = json.loads(Path(spec_path).read_text())
+    folder = Path(spec["state_dir"])
+    beat = Heartbeat(folder, rank)
+    try:
+        _rank_work(spec, rank, beat)
+    except BaseException as err:
+        text = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+        atomic_write_text(
+            folder / f"rank{rank}.error.json",
+            json.dumps({"rank": rank, "stage": beat.stage, "error": redact(text)}),
+        )
+        raise
+
+
+def _rank_device(spec: dict[str, Any], local_rank: int) -> Any:
+    import torch
+
+    kind = spec["device_type"]
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+    elif kind == "npu":
+        from ..environment import NPU
+
+        NPU.resolve("torch_npu.distributed")  # importing it registers the hccl backend
+        if not NPU.resolve("torch_npu.distributed.is_hccl_available")():
+            raise EnvironmentMissingError(
+                "torch_npu has no HCCL here: install the torch_npu matching torch and CANN"
+            )
+        NPU.resolve("torch_npu.npu.set_device")(local_rank)
+    return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
+
+
+def _rank_work(spec: dict[str, Any], rank: int, beat: Heartbeat) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    config = config_from_json(spec["config"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(int(spec["threads"]))
+    device = _rank_device(spec, int(os.environ["LOCAL_RANK"]))
+    kwargs: dict[str, Any] = {"backend": spec["backend"]}
+    if spec["backend"] == "nccl":
+        kwargs["device_id"] = device
+    # Collectives wait longer than the watchdog, so a hang is named by the watchdog (which
+    # sees every rank) rather than by a peer's collective timeout.
+    kwargs["timeout"] = datetime.timedelta(seconds=2 * config.rank_timeout + 30)
+    dist.init_process_group(**kwargs)
+    folder = Path(spec["state_dir"])
+    try:
+        # The noise guard's load window: both measurements (rank 0 holds the sampler).
+        load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
+        baseline, skipped = _baseline_turn(config, device, rank, beat, folder)
+        dist.barrier()
+        beat.advance("loading the sharded model")
+        runs = _measure_rank(config, device, world, beat, spec)
+        figures = {name: r.figures for name, r in runs.items()}
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(figures, gathered if rank == 0 else None, dst=0)
+        if rank == 0:
+            assert load is not None
+            data = build_report(
+                config, spec, device, runs, baseline, gathered, load.stop(), skipped=skipped
+            )
+            _save_outputs(folder / "outputs.pt", config, runs, baseline)
+            atomic_write_text(folder / "result.json", json.dumps(data))
+        beat.advance("done")
+        dist.barrier()
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _baseline_turn(
+    config: BenchConfig, device: Any, rank: int, beat: Heartbeat, folder: Path
+) -> tuple[dict[str, Measured] | None, str | None]:
+    """Rank 0 runs the 1-rank baseline (unless it is skipped: why) while the others wait
+    for its ``baseline.done``; (baseline runs or None, why skipped or None)."""
+    if rank != 0:
+        while not (folder / "baseline.done").exists():
+            time.sleep(_BASELINE_POLL_S)
+        return None, None
+    baseline = None
+    beat.advance("1-rank baseline")
+    skipped = baseline_skip_reason(config, device)
+    if skipped is None:
+        try:
+            baseline = measure_baseline(config, device, beat)
+        except Exception as err:
+            if not out_of_memory(err):
+                raise
+            skipped = (
+                "the whole model ran out of memory on one device "
+                f"({' '.join(str(err).split())[:160]})"
+            )
+            release_memory(device)
+    if skipped:
+        log.warning("1-rank baseline skipped: %s", skipped)
+    atomic_write_text(folder / "baseline.done", "1")
+    return baseline, skipped
+
+
+def _save_outputs(
+    path: Path,
+    config: BenchConfig,
+    runs: dict[str, Measured],
+    baseline: dict[str, Measured] | None,
+) -> None:
+    """Rank 0's outputs of every arm, sharded and 1-rank, for the caller to compare."""
+    import torch
+
+    first = config.arms[0]
+
+    def reference(name: str) -> Any:
+        return baseline[name].output if baseline is not None else None
+
+    torch.save(
+        {
+            "baseline": reference(first),
+            "distributed": runs[first].output,
+            "arms": {
+                name: {"baseline": reference(name), "distributed": r.output}
+                for name, r in runs.items()
+            },
+        },
+        path,
+    )
+
+
+def _measure_rank(
+    config: BenchConfig, device: Any, world: int, beat: Heartbeat, spec: dict[str, Any]
+) -> dict[str, Measured]:
+    import torch.distributed as dist
+
+    from ..measure import RssPeak
+
+    load_rss = RssPeak()
+    model, tokenizer, load_s = load_sharded(config, world, device, str(spec["plan"]), beat)
+
+    def tick(arm: str, done: int, total: int) -> None:
+        beat.advance(f"iteration {done}/{total}")
+        dist.barrier()  # outside the timed span: every sample is one collective step
+
+    ctx = make_ctx(config, model, tokenizer, device, tick)
+    if "graph" in config.arms:
+        ctx.graph_backend = graph_backend_for(config, device)
+    dist.barrier()
+    runs = {name: measure_arm(ctx, name, with_comm=True) for name in config.arms}
+    run = runs[config.arms[0]]
+    for r in runs.values():
+        r.ctx = ctx
+    run.figures.update(
+        {
+            "rank": dist.get_rank(),
+            "pid": os.getpid(),
+            "device": str(device),
+            DEVICE_ID_ENV: os.environ.get(DEVICE_ID_ENV),
+            "load_s": load_s,
+            "load_rss_peak_bytes": load_rss.result().get("rss_peak_bytes"),
+            "local_parameter_bytes": _local_bytes(model),
+        }
+    )
+    from ..report import model_section
+
+    run.model_info = model_section(
+        model,
+        path=str(config.model_path),
+        model_type=getattr(model.config, "model_type", None),
+        load_s=load_s,
+        load_memory={"peak_allocated": None, "peak_reserved": None, **load_rss.result()},
+        parameters=_global_parameters(model),
+    )
+    for r in runs.values():
+        r.model_info = run.model_info
+    return runs
+
+
+def _global_parameters(model: Any) -> int:
+    """The whole model's parameter count: a DTensor counts globally, a shard cut by
+    :mod:`pypto_bench.multi.tensor` does not (its count from before the cut)."""
+    shard = getattr(model, "pypto_tp_shard", None)
+    if shard is not None:
+        return int(shard.full_parameters)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _local_bytes(model: Any) -> int:
+    """Bytes of the parameters this rank holds (its shards, not the global tensors)."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        total += local.numel() * local.element_size()
+    return int(total)

@@ -1,0 +1,255 @@
+"""The decode regime: the time per generated token, prefill excluded.
+
+Eager decode runs HF ``generate``; a logits processor stamps the time (after a
+synchronize) when the first logits exist, i.e. right after the prefill forward. Time to
+first token = that stamp - start; decode time = end - stamp. The graph arms time
+``DecodeStepRunner.prefill`` and ``decode`` separately. Decode tokens = tokens produced
+after the first one (which the prefill produced), per row up to and including EOS, summed
+over the batch. The hf-compile arm is the eager loop with transformers' recipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..config import Arm, BenchConfig, Regime
+from ..measure import count_tokens, summarize, summarize_seconds
+from ..report import ArmResult
+from .base import Context, Memory, RegimeProtocol, mitigation_details, tick, timed
+from .peer import peer_generate_kwargs, recipe_scope
+
+__all__ = [
+    "DecodeRegime",
+    "FirstLogitsStamp",
+    "decode_sample",
+    "eager_generate",
+    "fill_decode",
+    "graph_decode_iteration",
+    "run_decode",
+]
+
+log = logging.getLogger(__name__)
+
+#: One decode iteration's answer: (new tokens [B, n], ttft_s, decode_s).
+DecodeIteration = Callable[[], tuple[Any, float, float]]
+
+
+class FirstLogitsStamp:
+    """Logits processor that records when the prefill's logits exist (synchronized)."""
+
+    def __init__(self, device: Any, synchronize: Callable[[Any], None]) -> None:
+        self.device = device
+        self.synchronize = synchronize
+        self.stamp: float | None = None
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        if self.stamp is None:
+            self.synchronize(self.device)
+            self.stamp = time.perf_counter()
+        return scores
+
+
+def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[Any, float, float]:
+    """One greedy generate: (new tokens [B, n], ttft_s, decode_s).
+
+    ``extra`` adds generate keywords: the hf-compile arm's static cache and CompileConfig,
+    so that arm is timed by exactly this code.
+    """
+    import torch
+    from transformers import LogitsProcessorList
+
+    from pypto_capture import synchronize
+
+    cfg = ctx.config
+    stamp = FirstLogitsStamp(ctx.device, synchronize)
+    kwargs: dict[str, Any] = {
+        "input_ids": ctx.input_ids,
+        "attention_mask": ctx.attention_mask,
+        "do_sample": False,
+        "max_new_tokens": cfg.gen,
+        "logits_processor": LogitsProcessorList([stamp]),
+        "pad_token_id": ctx.pad_id,
+    }
+    if cfg.ignore_eos:
+        kwargs["min_new_tokens"] = cfg.gen
+    kwargs.update(extra or {})
+    with torch.inference_mode():
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        out = ctx.model.generate(**kwargs)
+        synchronize(ctx.device)
+        end = time.perf_counter()
+    assert stamp.stamp is not None
+    return out[:, ctx.input_ids.shape[1] :], stamp.stamp - start, end - stamp.stamp
+
+
+def decode_sample(ctx: Context, tokens: Any, ttft: float, decode_s: float) -> dict[str, Any]:
+    """One iteration's figures: tokens per row, decode tokens, ttft, decode time, tok/s."""
+    counts = count_tokens(tokens, ctx.eos_ids, ignore_eos=ctx.config.ignore_eos)
+    decode_tokens = sum(max(0, c - 1) for c in counts)
+    return {
+        "counts": counts,
+        "decode_tokens": decode_tokens,
+        "ttft_s": ttft,
+        "decode_s": decode_s,
+        "tok_s": decode_tokens / decode_s if decode_s > 0 and decode_tokens else 0.0,
+    }
+
+
+def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
+    """Build the decode runner, capture its step, and return one measured iteration.
+
+    The iteration is what the graph arm times (and what pypto-tune profiles): reset,
+    prefill (timed apart), then ``gen - 1`` replays of the captured step.
+    """
+    import torch
+
+    from pypto_capture import DecodeStepRunner, synchronize
+
+    cfg = ctx.config
+    dtype = next(ctx.model.parameters()).dtype
+    runner = DecodeStepRunner(
+        ctx.model,
+        batch_size=cfg.batch,
+        max_cache_len=cfg.seq + cfg.gen,
+        backend=ctx.graph_backend or cfg.graph_backend,
+        device=ctx.device,
+        dtype=dtype,
+        compile_mode=None if ctx.graph_backend is not None else cfg.compile_mode,
+    )
+    arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+    arm.details["mitigations"] = mitigation_details(
+        runner.mitigations, runner.backend.name, getattr(ctx.device, "type", str(ctx.device))
+    )
+    if getattr(runner, "compile_mode_reason", None):
+        # None = inductor's default; on CPU large models get autotuned GEMVs by default.
+        arm.details["compile_mode"] = {
+            "mode": runner.compile_mode,
+            "why": runner.compile_mode_reason,
+        }
+
+    def once() -> tuple[Any, float, float]:
+        runner.reset()
+        first, ttft = timed(ctx.device, lambda: runner.prefill(ctx.input_ids, ctx.attention_mask))
+        rest, dec = timed(ctx.device, lambda: runner.decode(first, cfg.gen - 1))
+        return torch.cat([first.reshape(-1, 1), rest], dim=1), ttft, dec
+
+    with torch.inference_mode():
+        runner.reset()
+        runner.prefill(ctx.input_ids, ctx.attention_mask)
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        runner.capture()
+        synchronize(ctx.device)
+        arm.details["capture_s"] = time.perf_counter() - start
+        # Final after capture: auto's fused backend may have fallen back to a plain capture.
+        arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+        reason = getattr(getattr(runner, "backend", None), "fallback_reason", None)
+        if reason:
+            arm.warnings.append(f"{arm.name}: {reason}")
+        describe = getattr(getattr(runner, "cache", None), "describe", None)
+        if callable(describe):
+            # The layer-type pattern and per-layer slots (sliding layers hold `window`,
+            # full layers max_cache_len): on CPU the allocator peak is 0, so this is the
+            # cache's memory figure, and its bytes are what each graph step reads.
+            arm.details["kv_cache"] = describe()
+        runner.reset()
+    return once
+
+
+def fill_decode(arm: ArmResult, samples: list[dict[str, Any]]) -> None:
+    """The arm's figures from its samples (``decode_sample``)."""
+    arm.tokens_per_s = summarize([s["tok_s"] for s in samples])
+    arm.seconds = summarize_seconds([s["decode_s"] for s in samples])
+    arm.ttft_s = summarize_seconds([s["ttft_s"] for s in samples])
+    arm.tokens_per_iter = [s["decode_tokens"] for s in samples]
+    arm.details["tokens_per_row"] = samples[-1]["counts"]
+    arm.details["generated_tokens_per_iter"] = [sum(s["counts"]) for s in samples]
+
+
+@contextlib.contextmanager
+def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[DecodeIteration]:
+    """The arm dispatch of this regime, written once (timed run and session alike)."""
+    if arm.name == Arm.EAGER:
+        yield lambda: eager_generate(ctx)
+    elif arm.name == Arm.HF_COMPILE:
+        with recipe_scope(ctx):
+            extra = peer_generate_kwargs(ctx, arm)
+            yield lambda: eager_generate(ctx, extra)
+    else:
+        yield graph_decode_iteration(ctx, arm)
+
+
+def _compile_first(ctx: Context, arm: ArmResult, once: DecodeIteration) -> None:
+    """The hf-compile arm's first call compiles (untimed as a sample: ``capture_s``)."""
+    from ..peer import used_compiled_call
+
+    _, arm.details["capture_s"] = timed(ctx.device, once)
+    arm.details["compiled"] = used_compiled_call(ctx.model)
+    if not arm.details["compiled"]:
+        msg = f"{arm.name}: generate did not take its compiled path (ran uncompiled)"
+        log.warning(msg)
+        arm.warnings.append(msg)
+
+
+def run_decode(
+    ctx: Context, arm: ArmResult, mem: Memory, keep: dict[str, Any] | None = None
+) -> Any:
+    """Warmup and timed iterations of ``arm.name`` in the decode regime; its last tokens.
+
+    ``keep`` receives the iteration function (``keep["once"]``): ``--nproc`` ranks run
+    one more, untimed, under the profiler to measure the time in collectives.
+    """
+    import torch
+
+    cfg = ctx.config
+    with _arm_iteration(ctx, arm) as once:
+        if keep is not None:
+            keep["once"] = once
+        if arm.name == Arm.HF_COMPILE:
+            _compile_first(ctx, arm, once)
+        with torch.inference_mode():
+            for i in range(cfg.warmup):
+                once()
+                tick(ctx, arm.name, i + 1)
+            samples = []
+            tokens = None
+            for i in range(cfg.iters):
+                tokens, ttft, dec = once()
+                samples.append(decode_sample(ctx, tokens, ttft, dec))
+                mem.sample()
+                tick(ctx, arm.name, cfg.warmup + i + 1)
+    fill_decode(arm, samples)
+    return tokens
+
+
+class DecodeRegime(RegimeProtocol):
+    """``--regime decode`` (see the module)."""
+
+    regime = Regime.DECODE.value
+
+    def run(
+        self, ctx: Context, arm: ArmResult, mem: Memory, keep: dict[str, Any] | None = None
+    ) -> Any:
+        return run_decode(ctx, arm, mem, keep)
+
+    def iteration(
+        self, ctx: Context, arm: ArmResult
+    ) -> contextlib.AbstractContextManager[DecodeIteration]:
+        """Eager: one ``generate`` (its first forward is the prefill); the graph arms a
+        prefill plus ``gen - 1`` captured steps (capture happens before the yield)."""
+        return _arm_iteration(ctx, arm)
+
+    def reference(self, ctx: Context) -> Any:
+        return eager_generate(ctx)[0]
+
+    def produced(self, ctx: Context, tokens: Any) -> list[int]:
+        # Generated tokens are compared up to each row's EOS.
+        return count_tokens(tokens, ctx.eos_ids)
+
+    def moe_token_counts(self, config: BenchConfig) -> tuple[int, ...]:
+        return (config.batch,)
