@@ -9,6 +9,19 @@ from typing import Any, cast
 
 import torch
 
+__all__ = [
+    "accepts_mask_mapping",
+    "attn_implementation",
+    "cache_kwarg",
+    "decoder_of",
+    "forward_params",
+    "model_device_dtype",
+    "model_specific_cache",
+    "output_cache",
+    "set_attn_implementation",
+    "text_config",
+]
+
 
 @functools.lru_cache(maxsize=256)
 def _params_of(func: Any) -> frozenset[str]:

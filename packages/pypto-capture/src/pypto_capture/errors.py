@@ -11,6 +11,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .explain import CaptureExplanation
 
+__all__ = [
+    "CaptureFailedError",
+    "CaptureUnsafeConfigError",
+    "DeviceNotAvailableError",
+    "InvalidDeviceSpecError",
+    "PyptoCaptureError",
+    "UnsupportedModelError",
+]
+
 
 class PyptoCaptureError(Exception):
     """Base of every error this package raises on purpose."""

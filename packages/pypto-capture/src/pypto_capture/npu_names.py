@@ -15,6 +15,8 @@ import inspect
 import re
 from typing import Any
 
+__all__ = ["NPU", "NPU_API_TABLE", "NpuModule", "NpuNames"]
+
 # kind path [keywords; "?" = optional] [@version bounds] | where it was checked.
 # G: torch_npu/npu/graphs.py, S: streams.py, U: utils.py, M: memory.py, I: npu/__init__.py
 # (all in the torch_npu wheels 2.5.1 .. 2.12.0; checked by nox -s npu_api).

@@ -11,6 +11,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+__all__ = [
+    "COMMON_CODES",
+    "ENVIRONMENT",
+    "EXIT_RANGES",
+    "FAILED",
+    "OK",
+    "USAGE",
+    "ExitCode",
+    "ExitCodeTable",
+]
+
 OK = 0
 FAILED = 1
 USAGE = 2

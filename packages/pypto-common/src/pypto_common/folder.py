@@ -10,6 +10,17 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+__all__ = [
+    "DOWNLOAD_STATE_DIR",
+    "PATCH_JOURNAL",
+    "PATCH_LOCK",
+    "PATCH_MANIFEST",
+    "PATCH_OVERLAY_MARKER",
+    "PATCH_SUFFIXES",
+    "RESERVED_NAMES",
+    "tool_owned_reason",
+]
+
 PATCH_MANIFEST = ".pypto_patch.json"
 PATCH_JOURNAL = ".pypto_patch.journal.json"
 PATCH_LOCK = ".pypto_patch.lock"

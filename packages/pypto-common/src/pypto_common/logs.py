@@ -10,6 +10,8 @@ from typing import Any, TextIO
 
 from .redact import RedactingFilter
 
+__all__ = ["THIRD_PARTY_LOGGERS", "add_verbosity_flags", "cli_logging", "configure_cli_logging"]
+
 #: Libraries whose loggers a CLI run holds at WARNING unless -v. huggingface_hub 1.x/2.x
 #: talks HTTP through httpx2/httpcore2; 0.36 through httpx/requests/urllib3.
 THIRD_PARTY_LOGGERS = (

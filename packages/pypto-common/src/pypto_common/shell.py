@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
+__all__ = ["export_line"]
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -34,6 +34,17 @@ try:  # the 0.36 .. 2.x homes of the error classes
 except ImportError:  # pragma: no cover - very old hub
     from huggingface_hub import utils as _hf_errors  # type: ignore[no-redef]
 
+__all__ = [
+    "NETWORK",
+    "TRANSIENT_STATUS",
+    "Context",
+    "chain",
+    "describe",
+    "is_transient",
+    "network_kind",
+    "status_of",
+]
+
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 _HfHubHTTPError = getattr(_hf_errors, "HfHubHTTPError", None)

@@ -25,6 +25,8 @@ from .core import DownloadResult, fetch
 from .errors import EXIT, INTERRUPTED_EXIT, DownloadError
 from .inputs import DEFAULT_MAX_RETRY_WAIT, DEFAULT_READ_TIMEOUT, endpoint_secrets
 
+__all__ = ["main"]
+
 _LOG = logging.getLogger("pypto_download")
 _PROG = "pypto-download"
 

@@ -22,6 +22,20 @@ from pypto_common import known_secrets, redact_url
 
 from .errors import BadInputError, DiskFullError, InvalidModelIdError, OutputPathError
 
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "DEFAULT_MAX_RETRY_WAIT",
+    "DEFAULT_READ_TIMEOUT",
+    "Options",
+    "check_options",
+    "check_output_dir",
+    "endpoint_secrets",
+    "offline_requested",
+    "resolve_endpoint",
+    "resolve_token",
+    "validate_model_id",
+]
+
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_READ_TIMEOUT = 30.0
 DEFAULT_MAX_RETRY_WAIT = 60.0

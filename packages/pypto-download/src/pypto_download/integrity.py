@@ -17,6 +17,15 @@ from pypto_common import DOWNLOAD_STATE_DIR, atomic_write_text
 
 from .result import RemoteFile
 
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_RELPATH",
+    "Verifier",
+    "file_digest",
+    "read_manifest",
+    "write_manifest",
+]
+
 MANIFEST_RELPATH = Path(DOWNLOAD_STATE_DIR) / "manifest.json"
 MANIFEST_FORMAT = 1
 

@@ -24,6 +24,8 @@ from .errors import HubServerError, UnsafeListingError
 from .result import RemoteFile
 from .retry import retrying
 
+__all__ = ["Lister", "RevisionInfo", "unsafe_path_reason"]
+
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DRIVE = re.compile(r"^[A-Za-z]:")

@@ -22,6 +22,8 @@ from huggingface_hub.utils import (
     enable_progress_bars,
 )
 
+__all__ = ["TotalBar", "hub_progress", "hub_settings", "supports"]
+
 
 def supports(func: Callable[..., Any], name: str) -> bool:
     try:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = ["DownloadResult", "RemoteFile", "SkippedFile"]
+
 
 @dataclass(frozen=True)
 class RemoteFile:

@@ -19,6 +19,8 @@ from pathlib import Path
 from .integrity import Verifier
 from .result import RemoteFile
 
+__all__ = ["HUB_META_DIR", "continue_partial", "leftover_partial", "local_state"]
+
 logger = logging.getLogger("pypto_download")
 
 HUB_META_DIR = Path(".cache") / "huggingface"

@@ -17,6 +17,8 @@ from typing import TypeVar
 from .classify import Context, chain, describe, is_transient
 from .errors import AuthError, DiskFullError, DownloadError
 
+__all__ = ["BACKOFF_CAP", "retry_after", "retrying"]
+
 logger = logging.getLogger("pypto_download")
 
 _R = TypeVar("_R")

@@ -4,4 +4,6 @@ import sys
 
 from .doctor import main
 
+__all__: list[str] = []
+
 sys.exit(main())

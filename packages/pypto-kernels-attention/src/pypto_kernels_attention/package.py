@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pypto_kernels_common import KernelPackage
 
+__all__ = ["OPS", "PACKAGE"]
+
 OPS = ("gqa_decode", "softmax")
 
 PACKAGE = KernelPackage(

@@ -18,6 +18,16 @@ import torch
 from . import npu, sim
 from .sim import SimUnavailableError
 
+__all__ = [
+    "CPU_SIM_ENV",
+    "MODES",
+    "Backend",
+    "backend",
+    "cost_backend",
+    "cpu_sim_disabled",
+    "npu_available",
+]
+
 #: ``=0`` turns the CPU SIM path off for every kernels package (their calls fall back).
 CPU_SIM_ENV = "PYPTO_KERNELS_CPU_SIM"
 MODES = ("sim", "npu", "cost")

@@ -55,6 +55,31 @@ from .sim import SimUnavailableError
 from .tiles import CostModelError as CostModelError  # re-exported: the cost model's error
 from .tiles import tiles_to_dict
 
+__all__ = [
+    "CUBE_ALIGN",
+    "CYCLES_PER_US",
+    "L0A_BYTES",
+    "L0B_BYTES",
+    "L0C_BYTES",
+    "L1_BYTES",
+    "UB_BYTES",
+    "UB_LIVE_TILES",
+    "Builder",
+    "CostResult",
+    "Simulator",
+    "cube_fits",
+    "measure",
+    "next_pow2",
+    "one_line",
+    "pow2_upto",
+    "read_cycles",
+    "resolve_builder",
+    "temp_root",
+    "to_us",
+    "ub_fits",
+    "worker_main",
+]
+
 #: Simulated core clock used to turn cycles into microseconds (the project's convention).
 CYCLES_PER_US = 1800.0
 

@@ -26,6 +26,16 @@ from .backend import Backend, backend
 from .registry import StatsRegistry, SwitchRegistry
 from .sim import SimUnavailableError
 
+__all__ = [
+    "DEFAULT_DTYPES",
+    "Envelope",
+    "KernelError",
+    "KernelPackage",
+    "PackCache",
+    "compiling",
+    "pypto_errors",
+]
+
 R = TypeVar("R")
 
 DEFAULT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -17,6 +17,8 @@ from typing import Any
 
 from pypto_common.npu_api import NpuApi, NpuName, parse_table
 
+__all__ = ["NPU_API", "NPU_API_TABLE", "api", "kwargs", "options"]
+
 # E: pypto 0.2.0 pypto/frontend/parser/entry.py; I: pypto 0.2.0 pypto/__init__.py;
 # T: Ascend/pytorch torch_npu/__init__.py and torch_npu/npu/__init__.py.
 NPU_API_TABLE = """

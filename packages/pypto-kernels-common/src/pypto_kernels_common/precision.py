@@ -17,6 +17,19 @@ from typing import Any
 
 import torch
 
+__all__ = [
+    "CASES_RESOURCE",
+    "DTYPES",
+    "SCHEMA_RESOURCE",
+    "Case",
+    "PrecisionSuite",
+    "Runner",
+    "cases_from_document",
+    "compare",
+    "load_schema",
+    "make_inputs",
+]
+
 SCHEMA_RESOURCE = "precision_schema.json"
 CASES_RESOURCE = "precision_cases.json"
 

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+__all__ = ["StatsRegistry", "SwitchError", "SwitchRegistry"]
+
 
 class SwitchError(ValueError):
     """An unknown op name in a switch setting."""

@@ -29,6 +29,32 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+__all__ = [
+    "CACHE_ENV",
+    "INSTALL_HINT",
+    "KEEP_OUTPUT_ENV",
+    "RUN_FOLDERS",
+    "SUPPORTED_VERSION",
+    "SimUnavailableError",
+    "availability",
+    "cache_root",
+    "calculator_folder",
+    "check_compiler",
+    "check_toolchain",
+    "cost_options",
+    "discard_run_outputs",
+    "flush_c_stdio",
+    "import_pypto",
+    "install",
+    "installed_version",
+    "keep_outputs",
+    "load_calculator",
+    "prepare_environment",
+    "run_output_names",
+    "sim_options",
+    "use_run_folders",
+]
+
 log = logging.getLogger(__name__)
 
 SUPPORTED_VERSION = "0.2.0"

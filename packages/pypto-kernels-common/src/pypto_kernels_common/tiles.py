@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["CostModelError", "Tiles", "TilesError", "tiles_from_dict", "tiles_to_dict"]
+
 
 class CostModelError(ValueError):
     """A request the cost model cannot take (kernel, dtype, shape, tiles); one line with the fix."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pypto_kernels_common import KernelPackage
 
+__all__ = ["CPU_SIM_ENV", "ENV_VAR", "FLAG_NAMES", "INSTALL_HINT", "OPS", "PACKAGE"]
+
 OPS = ("rms_norm", "mrope", "swiglu_mlp")
 FLAG_NAMES = {
     "rms_norm": "USE_PTO_RMS_NORM",

@@ -18,6 +18,8 @@ import torch
 from . import stats
 from .switches import OPS, pto_switches
 
+__all__ = ["FAMILY", "MARKER", "PLUGIN", "GutenOCRKernelPlugin"]
+
 FAMILY = "gutenocr"
 MARKER = "pypto_kernel_family"
 

@@ -29,7 +29,27 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .switches import OPS, SwitchError, _check, pto_switches
+from .switches import OPS, REGISTRY, SwitchError, pto_switches
+
+__all__ = [
+    "CALLS_PER_STEP",
+    "DATA_RESOURCE",
+    "DERIVE_CMD",
+    "MIN_SAVING_PCT",
+    "NO_SOURCE",
+    "POLICY_RESOURCE",
+    "READABLE_VERSIONS",
+    "SCHEMA_VERSION",
+    "SEED_RULES",
+    "UNMEASURED",
+    "Decision",
+    "DynamicPTOConfig",
+    "PolicyError",
+    "Rule",
+    "derive_policy",
+    "policy_table",
+    "render_policy",
+]
 
 SCHEMA_VERSION = 2
 #: Versions :meth:`DynamicPTOConfig.from_json` reads (1: no aclgraph / expected fields).
@@ -165,7 +185,7 @@ class DynamicPTOConfig:
                 mb = raw.get("max_batch")
                 if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
                     raise PolicyError("max_batch must be a positive integer or null")
-                sw = {_check(k): bool(v) for k, v in (raw.get("switches") or {}).items()}
+                sw = {REGISTRY.check(k): bool(v) for k, v in (raw.get("switches") or {}).items()}
                 rules.append(
                     Rule(
                         mb,

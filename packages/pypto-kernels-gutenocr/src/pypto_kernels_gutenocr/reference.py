@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+__all__ = ["mrope_reference", "mrope_select", "rms_norm_reference", "swiglu_mlp_reference"]
+
 
 def rms_norm_reference(
     hidden_states: torch.Tensor, weight: torch.Tensor, eps: float

@@ -8,4 +8,6 @@ import sys
 
 from pypto_kernels_common import sim
 
+__all__ = list(sim.__all__)  # this module *is* pypto_kernels_common.sim
+
 sys.modules[__name__] = sim

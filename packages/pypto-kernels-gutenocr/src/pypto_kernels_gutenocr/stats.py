@@ -11,6 +11,16 @@ from typing import Any
 
 from .package import PACKAGE
 
+__all__ = [
+    "REGISTRY",
+    "calls",
+    "fallback_reasons",
+    "record_fallback",
+    "record_pypto",
+    "report",
+    "reset",
+]
+
 REGISTRY = PACKAGE.stats
 
 record_pypto = REGISTRY.record_pypto

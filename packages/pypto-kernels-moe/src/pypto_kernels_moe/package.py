@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pypto_kernels_common import KernelPackage
 
+__all__ = ["CPU_SIM_ENV", "ENV_VAR", "FLAG_NAMES", "INSTALL_HINT", "OPS", "PACKAGE"]
+
 OPS = ("grouped_gemm",)
 FLAG_NAMES = {"grouped_gemm": "USE_PTO_GROUPED_GEMM"}
 #: A comma list of op names, or all / none; read at import.

@@ -5,4 +5,6 @@ folders; keeping them here means every test speaks to the same, tested fakes-fre
 implementation instead of a copy per package.
 """
 
+__all__ = ["__version__"]
+
 __version__ = "0.1.0"

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+__all__ = ["FUSED_ARMS", "fused_arm_run"]
+
 FUSED_ARMS = ("eager", "graph", "pypto+graph")
 
 

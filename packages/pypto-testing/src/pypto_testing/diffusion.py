@@ -25,6 +25,17 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+__all__ = [
+    "CONFIG_SHIM",
+    "MODEL_SHIM",
+    "TinyDiffusionConfig",
+    "TinyDiffusionLM",
+    "TinyDiffusionOutput",
+    "diffusion_gemma_available",
+    "make_tiny_diffusion_gemma",
+    "make_tiny_diffusion_model",
+]
+
 #: The shim files written into the folder; transformers imports them as remote code.
 CONFIG_SHIM = "configuration_tiny_diffusion.py"
 MODEL_SHIM = "modeling_tiny_diffusion.py"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+__all__ = ["folder_bytes"]
+
 
 def folder_bytes(folder: str | Path) -> dict[str, bytes]:
     """Every regular file under ``folder`` (recursively), relative path -> its bytes.

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .models import _byte_vocab
+from .models import byte_vocab
 
 __all__ = [
     "LLADA2_FLASH_OVERRIDES",
@@ -222,7 +222,7 @@ def _write_tokenizer(path: Path) -> tuple[int, int, int]:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = _byte_vocab()
+    vocab = byte_vocab()
     mask_id = len(vocab)
     vocab[MASK_TOKEN] = mask_id
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

@@ -12,6 +12,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "SPECIAL_TOKENS",
+    "TINY_CONFIGS",
+    "byte_vocab",
+    "make_tiny_model",
+    "read_config",
+    "tiny_config",
+    "write_byte_tokenizer",
+]
+
 # Architectures every family-agnostic test can rely on. The values are the smallest
 # that still exercise grouped-query attention (4 query heads over 2 KV heads).
 _COMMON: dict[str, Any] = {
@@ -46,7 +56,8 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>"]
 
 
-def _byte_vocab() -> dict[str, int]:
+def byte_vocab() -> dict[str, int]:
+    """Every byte a token, plus the three specials (shared by the tiny tokenizers)."""
     from tokenizers.pre_tokenizers import ByteLevel
 
     alphabet = sorted(ByteLevel.alphabet())
@@ -66,7 +77,7 @@ def write_byte_tokenizer(path: str | Path) -> int:
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    vocab = _byte_vocab()
+    vocab = byte_vocab()
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
