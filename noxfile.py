@@ -129,14 +129,32 @@ def _pytest(session: nox.Session, *paths: str) -> None:
 
 RUFF_PIN = "ruff==0.17.6"
 MYPY_PIN = "mypy==2.4.1"
+# import-linter's contracts live in the root pyproject (docs/layering.md); grimp builds
+# its import graph, pinned too so a new grimp cannot change what the contracts see.
+IMPORT_LINTER_PINS = ("import-linter==2.17", "grimp==3.20")
+
+
+def _src_path() -> str:
+    """Every package's src folder, for PYTHONPATH: the packages importable, none installed."""
+    return os.pathsep.join(
+        str(path / "src") for path in _packages().values() if (path / "src").is_dir()
+    )
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format) over every package, the tools and the integration tests."""
-    session.install(RUFF_PIN)
+    """ruff (lint and format), the import contracts and the private-name check.
+
+    import-linter reads the source statically (grimp parses it, nothing is imported), so
+    the packages only need to be findable: every packages/*/src goes on PYTHONPATH and no
+    package, torch included, is installed. tools/check_private_imports.py is standard
+    library only.
+    """
+    session.install(RUFF_PIN, *IMPORT_LINTER_PINS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports", "--no-cache", env={"PYTHONPATH": _src_path()})
+    session.run("python", str(ROOT / "tools" / "check_private_imports.py"))
 
 
 def _module(pkg_dir: Path) -> str:
@@ -169,7 +187,8 @@ def typecheck(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Every package and tests-integration on CPU, torch pinned to 2.13.0."""
     packages = _packages()
-    session.install(TORCH_PIN)
+    # import-linter: tests-integration/test_layering.py proves the contracts catch a breach.
+    session.install(TORCH_PIN, *IMPORT_LINTER_PINS)
     names: list[str] = []
     for n in packages:
         for dep in _local_closure(n, packages, ("test",)):
