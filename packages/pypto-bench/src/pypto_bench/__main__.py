@@ -2,4 +2,6 @@
 
 from .cli import main
 
+__all__: list[str] = []
+
 raise SystemExit(main())
