@@ -34,6 +34,7 @@ from .measure import (
     measure_matmul_peak,
     summarize,
     summarize_seconds,
+    timed,
 )
 from .plugins import applicable_plugins, discover_plugins, register_plugin, unregister_plugin
 from .report import (
@@ -120,6 +121,7 @@ __all__ = [
     "summarize",
     "summarize_seconds",
     "supports_diffusion",
+    "timed",
     "unregister_plugin",
     "validate_report",
     "write_report",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "roofline",
     "summarize",
     "summarize_seconds",
+    "timed",
     "weight_bytes_read_per_step",
 ]
 
@@ -58,6 +59,19 @@ def summarize_seconds(samples: Sequence[float]) -> dict[str, Any]:
     if samples:
         out["best"] = min(float(v) for v in samples)
     return out
+
+
+def timed(device: Any, fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), seconds)``: the one timed span of every arm and of the family runners; it
+    starts and ends with a device synchronize, so queued device work is never counted in
+    the wrong span."""
+    from pypto_capture import synchronize
+
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
 
 
 def count_tokens(generated: Any, eos_ids: Sequence[int], *, ignore_eos: bool = False) -> list[int]:

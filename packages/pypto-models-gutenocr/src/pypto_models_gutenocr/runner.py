@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 
 import pypto_kernels_gutenocr as kernels
-from pypto_bench import RssPeak, count_tokens, summarize_seconds
+from pypto_bench import RssPeak, count_tokens, summarize_seconds, timed
 from pypto_bench import summarize as summarize_samples
 from pypto_capture import (
     DeviceNotAvailableError,
@@ -480,11 +480,9 @@ def run(opts: AskOptions | Plan) -> dict[str, Any]:
         times: list[float] = []
         tokens: list[int] = []
         for _ in range(opts.runs):
-            synchronize(device)
-            t = time.perf_counter()
-            out = model.generate(**inputs, **gen)
-            synchronize(device)
-            times.append(time.perf_counter() - t)
+            # pypto-bench's one timed span (synchronized at both ends), as every arm's.
+            out, seconds = timed(device, lambda: model.generate(**inputs, **gen))
+            times.append(seconds)
             new = out[:, prompt_len:]
             # Summed over the batch, each row up to and including its EOS.
             tokens.append(sum(count_tokens(new, eos_ids)))

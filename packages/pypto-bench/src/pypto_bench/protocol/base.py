@@ -11,7 +11,6 @@ and how many tokens of an output count for the agreement check.
 from __future__ import annotations
 
 import contextlib
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any, ClassVar
 
 from ..config import Arm, BenchConfig
 from ..errors import BadInputError
-from ..measure import RssPeak
+from ..measure import RssPeak, timed
 from ..report import ArmResult
 
 __all__ = [
@@ -119,17 +118,6 @@ class Memory:
             "reserved_growth": int(growth),
             **self._rss.result(),
         }
-
-
-def timed(device: Any, fn: Callable[[], Any]) -> tuple[Any, float]:
-    """``(fn(), seconds)``: the span starts and ends with a device synchronize."""
-    from pypto_capture import synchronize
-
-    synchronize(device)
-    start = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return out, time.perf_counter() - start
 
 
 def tick(ctx: Context, arm: str, done: int) -> None:
