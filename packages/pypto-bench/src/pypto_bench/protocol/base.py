@@ -1,8 +1,8 @@
 """The contract every regime implements, and what every arm runner shares.
 
 :class:`Context` is what an arm runner needs (model, prompt, device, progress);
-:class:`Memory` records an arm's peaks; :func:`timed` is the one timed span (a device
-synchronize at both ends); :class:`RegimeProtocol` is the small abstract contract a regime
+:class:`Memory` records an arm's peaks; :func:`timed` (from ``measure``: the one timed
+span, a device synchronize at both ends); :class:`RegimeProtocol` is the small abstract contract a regime
 module (``decode``, ``prefill``, ``diffusion``) fulfils: its timed run of an arm, one
 untimed-built iteration of an arm (what pypto-tune profiles), the eager reference tokens
 and how many tokens of an output count for the agreement check.
