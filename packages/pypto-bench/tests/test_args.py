@@ -34,6 +34,10 @@ _ALL_SET = BenchConfig(
     report_file="/tmp/r.json",
     measure_bandwidth=False,
     moe_routing="static",
+    schedule="sequential",
+    target_ci=2.5,
+    max_iters=50,
+    max_seconds=30.0,
 )
 
 

@@ -129,3 +129,15 @@ def test_the_flag_reaches_the_config(moe_folder):
     args = parser.parse_args(["--moe-routing", "static"])
     assert bench_config_from_args(args).moe_routing == "static"
     assert json.loads(json.dumps(bench_config_from_args(args).to_dict()))["moe_routing"] == "static"
+
+
+def test_an_arm_that_patches_the_model_is_not_interleaved(exact_report):
+    # The graph arm's exact-MoE routing replaces the model's expert layers while it is
+    # open: eager cannot run between its rounds, so the run falls back to sequential.
+    sched = exact_report["schedule"]
+    assert sched["requested"] == "interleaved"
+    assert sched["kind"] == "sequential"
+    assert "graph replaces" in sched["why"]
+    assert "MoE layer" in sched["why"]
+    assert sched["order"] == [["eager", 0], ["graph", 0]]
+    assert [a["ok"] for a in exact_report["arms"]] == [True, True]

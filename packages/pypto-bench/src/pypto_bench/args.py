@@ -18,7 +18,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .config import ARMS, DTYPES, GRAPH_BACKENDS, MOE_ROUTINGS, PLACEMENTS, REGIMES, BenchConfig
+from .config import (
+    ARMS,
+    DTYPES,
+    GRAPH_BACKENDS,
+    MOE_ROUTINGS,
+    PLACEMENTS,
+    REGIMES,
+    SCHEDULES,
+    BenchConfig,
+)
 
 __all__ = [
     "FLAG_FOR",
@@ -27,6 +36,7 @@ __all__ = [
     "bench_config_from_args",
     "parse_arms",
     "parse_batches",
+    "parse_percent",
 ]
 
 # BenchConfig fields that are not user flags: the recorded command line is set by the
@@ -61,6 +71,17 @@ def parse_batches(text: str | int | Iterable[int]) -> tuple[int, ...]:
         if not _BATCH_LIST.fullmatch(t):
             raise argparse.ArgumentTypeError(f"--batch entry {t!r} is not an integer: {example}")
     return tuple(int(t) for t in items)
+
+
+def parse_percent(text: str) -> float:
+    """``--target-ci`` as a number of percent: ``5`` or ``5%`` (range checked by
+    ``BenchConfig.validate``, so nan and negatives get its one-line error)."""
+    try:
+        return float(str(text).strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--target-ci {text!r} is not a percentage: pass e.g. --target-ci 5"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,35 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag("warmup", "--warmup", "untimed iterations per arm", type=int, metavar="N"),
     _Flag("iters", "--iters", "timed iterations (samples) per arm", type=int, metavar="N"),
+    _Flag(
+        "schedule",
+        "--schedule",
+        "interleaved: every arm built first, then timed rounds in A B B A order (drift "
+        "cancels in the ratios); sequential: one arm after the other",
+        choices=SCHEDULES,
+    ),
+    _Flag(
+        "target_ci",
+        "--target-ci",
+        "keep adding rounds until every ratio's 95%% interval half-width is <= PCT%% of its "
+        "median (bounded by --max-iters and --max-seconds)",
+        type=parse_percent,
+        metavar="PCT",
+    ),
+    _Flag(
+        "max_iters",
+        "--max-iters",
+        "most timed rounds per arm --target-ci may run",
+        type=int,
+        metavar="N",
+    ),
+    _Flag(
+        "max_seconds",
+        "--max-seconds",
+        "most seconds of timed rounds --target-ci may run",
+        type=float,
+        metavar="S",
+    ),
     _Flag("graph_backend", "--graph-backend", " | ".join(GRAPH_BACKENDS), metavar="BACKEND"),
     _Flag(
         "compile_mode",
@@ -194,6 +244,12 @@ _FLAGS: tuple[_Flag, ...] = (
         metavar="FILE",
     ),
     _Flag("report_file", "--report-file", "write the JSON report here", metavar="FILE"),
+    _Flag(
+        "history",
+        "--history",
+        "also record the report in this SQLite results history (see `pypto-bench history`)",
+        metavar="DB",
+    ),
 )
 
 #: BenchConfig field -> its flag (``--model-path`` ...), for messages and tests.

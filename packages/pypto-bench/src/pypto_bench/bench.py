@@ -42,6 +42,7 @@ from .config import (
     BenchConfig,
     Placement,
     Regime,
+    Schedule,
 )
 from .errors import BadInputError, RegimeNotSupportedError
 from .measure import (
@@ -75,6 +76,7 @@ from .report import (
     new_report,
     underlying_error,
 )
+from .rounds import Fallback, run_interleaved
 
 __all__ = [
     "ARMS",
@@ -192,7 +194,7 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     runs = [(config.batch, report)]
     for batch in config.sweep[1:]:
         sub_ctx = _ctx_for_batch(ctx, batch)
-        sub = replace(report, config=sub_ctx.config.to_dict(), arms=[], warnings=[])
+        sub = replace(report, config=sub_ctx.config.to_dict(), arms=[], warnings=[], schedule=None)
         sub.roofline = None
         _measure(sub_ctx, sub)
         runs.append((batch, sub))
@@ -223,17 +225,45 @@ def run_sweep(
 
 
 def _measure(ctx: Context, report: Report) -> None:
-    """Every requested arm at ``ctx``'s batch into ``report``: agreement, roofline, ratios."""
+    """Every requested arm at ``ctx``'s batch into ``report``: agreement, roofline, ratios.
+
+    ``--schedule interleaved`` (default): every arm built, then timed in balanced rounds
+    (:mod:`pypto_bench.rounds`); where that is unsafe, or with ``--schedule sequential``,
+    one arm after the other. ``report.schedule`` records which, and the order.
+    """
+
+    def failed(arm: ArmResult, err: BaseException) -> None:
+        _record_failure(ctx, arm, err)
+        if ctx.model_inputs and arm.name in GRAPH_ARMS:
+            arm.warnings.append(f"{arm.name}: {IMAGE_CAPTURE_NOTE}")
+
     tokens: dict[str, Any] = {}
-    for name in ctx.config.arms:
-        arm = ArmResult(name=name)
-        report.arms.append(arm)
+    why = None
+    if ctx.config.schedule == Schedule.INTERLEAVED:
+        arms = [ArmResult(name=name) for name in ctx.config.arms]
         try:
-            tokens[name] = measure_arm(ctx, arm)
-        except Exception as err:
-            _record_failure(ctx, arm, err)
-            if ctx.model_inputs and name in GRAPH_ARMS:
-                arm.warnings.append(f"{name}: {IMAGE_CAPTURE_NOTE}")
+            tokens, report.schedule = run_interleaved(ctx, arms, failed)
+            report.arms.extend(arms)
+        except Fallback as err:
+            why = f"not interleaved: {err}"
+            log.info("%s: running the arms one after the other", why)
+    if report.schedule is None:
+        order: list[list[Any]] = []
+        for name in ctx.config.arms:
+            arm = ArmResult(name=name)
+            report.arms.append(arm)
+            try:
+                tokens[name] = measure_arm(ctx, arm)
+                order += [[name, i] for i in range(len(arm.tokens_per_s.get("samples") or []))]
+            except Exception as err:
+                failed(arm, err)
+        report.schedule = {
+            "kind": Schedule.SEQUENTIAL.value,
+            "requested": ctx.config.schedule,
+            "rounds": ctx.config.iters,
+            "order": order,
+            **({"why": why} if why else {}),
+        }
     _check_agreement(ctx, report, tokens)
     if ctx.config.regime == Regime.DECODE:
         _fill_roofline(ctx, report)

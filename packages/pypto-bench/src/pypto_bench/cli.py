@@ -89,7 +89,18 @@ def _parser() -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="print markdown instead of a text table"
     )
     cmp.add_argument("--plot", default=None, help="write a bar chart PNG here")
+    cmp.add_argument(
+        "--allow-different",
+        action="append",
+        default=[],
+        metavar="WHAT[,WHAT...]",
+        help="two reports: compare although they differ in these (model, regime, shapes, "
+        "device, dtype, versions)",
+    )
     cmp.add_argument("--json", action="store_true")
+    from .history_cli import add_history_parser
+
+    add_history_parser(sub)
     return p
 
 
@@ -126,6 +137,10 @@ def _dispatch(args: argparse.Namespace, args_list: list[str], verbosity: int) ->
             return _smoke(args)
         if args.command == "run":
             return _run(args, ["pypto-bench", *args_list])
+        if args.command == "history":
+            from .history_cli import run_history
+
+            return run_history(args)
         return _compare(args)
     except BenchError as err:
         _err(str(err))
@@ -227,6 +242,10 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
 
     # The recorded command line is redacted where the report is built and written.
     config = bench_config_from_args(args, command_line=command_line)
+    if config.history:  # a refused history file stops the run before anything loads
+        from .history import check_db_path
+
+        check_db_path(config.history, create=True)
     progress = _Progress(not args.no_progress and not args.quiet)
     try:
         report = run_bench(config, progress=progress)
@@ -243,6 +262,12 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
     if args.json:
         print(report.to_json())
     code = EXIT.OK
+    if config.history:
+        from .history import record
+
+        run_id = record(config.history, report)
+        if not args.quiet:
+            print(f"recorded as run {run_id} in history {config.history}", file=sys.stderr)
     if config.report_file and report.written_to is not None:
         asked = Path(config.report_file).expanduser().resolve()
         if report.written_to.resolve() == asked:
@@ -275,15 +300,35 @@ def _compare(args: argparse.Namespace) -> int:
             _err(f"--plot {args.plot}: the chart is a PNG, name the file *.png")
             return EXIT.USAGE
         check_report_path(args.plot)
-    comp = compare(args.reports, force=args.force)
+    from .verdicts import FINGERPRINT_FIELDS, verdicts
+
+    allowed = [x.strip() for item in args.allow_different for x in item.split(",") if x.strip()]
+    verdict = None
+    if len(args.reports) == 2:  # B judged against A, from intervals
+        from .report import load_report
+
+        a, b = (load_report(r) for r in args.reports)
+        verdict = verdicts(
+            a,
+            b,
+            allow_different=FINGERPRINT_FIELDS if args.force else allowed,
+            labels=(args.reports[0], args.reports[1]),
+        )
+    force = args.force or bool(verdict and verdict.differences)
+    comp = compare(args.reports, force=force)
     for warning in comp.warnings:
         print(f"pypto-bench: warning: {redact(warning)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(comp.to_dict()))
+        doc = comp.to_dict()
+        if verdict is not None:
+            doc["verdicts"] = verdict.to_dict()
+        print(json.dumps(doc))
     elif args.markdown:
         print(comp.to_markdown())
     else:
         print(comp.to_text())
+    if verdict is not None and not args.json:
+        print(verdict.to_text())
     if args.plot:
         plot(list(args.reports), args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

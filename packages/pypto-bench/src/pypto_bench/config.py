@@ -30,10 +30,12 @@ __all__ = [
     "PEER_REGIMES",
     "PLACEMENTS",
     "REGIMES",
+    "SCHEDULES",
     "Arm",
     "BenchConfig",
     "Placement",
     "Regime",
+    "Schedule",
     "check_rank_timeout",
     "validate_placement",
 ]
@@ -56,6 +58,19 @@ class Arm(StrEnum):
     #: transformers' own static-cache + torch.compile recipe (pypto_bench.peer): the fast
     #: path a user would pick instead of this project, measured by the same protocol.
     HF_COMPILE = "hf-compile"
+
+
+class Schedule(StrEnum):
+    """In what order the arms' timed iterations run (``--schedule``)."""
+
+    #: Every arm built first, then one timed iteration per arm per round, the order
+    #: reversed every other round (A B B A ...): slow drift cancels in the paired ratios.
+    INTERLEAVED = "interleaved"
+    #: One arm's iterations after the other's (the order before 1.4, for comparison).
+    SEQUENTIAL = "sequential"
+
+
+SCHEDULES: tuple[str, ...] = tuple(s.value for s in Schedule)
 
 
 class Placement(StrEnum):
@@ -125,6 +140,9 @@ class BenchConfig:
     diffusion_steps: int | None = None
     block_length: int | None = None
     report_file: str | None = None
+    # ``--history DB``: the SQLite results history the CLI records the report in
+    # (pypto_bench.history); like report_file, not part of what is measured (to_dict).
+    history: str | None = None
     measure_bandwidth: bool = True
     # MoE models only: "exact" (the model's routing, capture-safe: pypto_capture.
     # apply_exact_moe) or "static" (the seed's fixed-expert proxy; outputs differ by design).
@@ -145,6 +163,14 @@ class BenchConfig:
     # whole model, vision tower included, on inputs the folder's processor builds. None:
     # text prompts (a VL model's language model). pypto_bench.vision reads the file.
     image: str | None = None
+    # The order of the timed iterations (pypto_bench.rounds): interleaved rounds (default)
+    # or one arm after the other.
+    schedule: str = Schedule.INTERLEAVED.value
+    # --target-ci PCT: keep adding rounds until every ratio's 95% interval has a relative
+    # half-width <= PCT percent, bounded by max_iters rounds and max_seconds of timed work.
+    target_ci: float | None = None
+    max_iters: int = 200
+    max_seconds: float = 600.0
     command_line: list[str] | None = None
 
     def validate(self) -> None:
@@ -178,6 +204,7 @@ class BenchConfig:
             )
         if self.multi_device_requested:
             validate_placement(self)
+        self._validate_schedule()
         if self.diffusion_steps is not None and self.diffusion_steps < 1:
             raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
         if self.image is not None:
@@ -187,6 +214,35 @@ class BenchConfig:
         ):
             raise BadInputError(
                 f"--block-length must divide --gen ({self.gen}); got {self.block_length}"
+            )
+
+    def _validate_schedule(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise BadInputError(
+                f"unknown schedule {self.schedule!r}: choose one of {', '.join(SCHEDULES)}"
+            )
+        if self.target_ci is not None:
+            value = self.target_ci
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise BadInputError(
+                    f"--target-ci must be a percentage (got {value!r}): pass e.g. --target-ci 5"
+                )
+            if not math.isfinite(value) or not 0 < value < 100:
+                raise BadInputError(
+                    f"--target-ci must be a finite percentage in (0, 100), got {value!r}: "
+                    "pass e.g. --target-ci 5"
+                )
+        if isinstance(self.max_iters, bool) or self.max_iters < self.iters:
+            raise BadInputError(
+                f"--max-iters must be >= --iters ({self.iters}), got {self.max_iters}: it bounds "
+                "the rounds --target-ci adds"
+            )
+        value = self.max_seconds
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadInputError(f"--max-seconds must be a number of seconds (got {value!r})")
+        if not math.isfinite(value) or value <= 0:
+            raise BadInputError(
+                f"--max-seconds must be finite and > 0, got {value!r}: pass e.g. --max-seconds 600"
             )
 
     @property
@@ -288,6 +344,17 @@ class BenchConfig:
             **({"placement": self.placement} if self.placement != Placement.TENSOR else {}),
             # Only with --image: a text run's description (e2e's fingerprint) is unchanged.
             **({"image": str(self.image)} if self.image is not None else {}),
+            # Only away from the default schedule: a default run's description is unchanged.
+            **({"schedule": self.schedule} if self.schedule != Schedule.INTERLEAVED else {}),
+            **(
+                {
+                    "target_ci": self.target_ci,
+                    "max_iters": self.max_iters,
+                    "max_seconds": self.max_seconds,
+                }
+                if self.target_ci is not None
+                else {}
+            ),
         }
 
     def load_options(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ __all__ = [
     "DegenerateOutputError",
     "EnvironmentMissingError",
     "GenerationError",
+    "HistoryError",
     "ModelLoadError",
     "ModelNotFoundError",
     "NoTensorParallelPlanError",
@@ -62,6 +63,12 @@ EXIT = ExitCodeTable(
             48,
             "RANK_FAILED",
             "run --nproc N: a rank failed or hung; every rank was ended, the error names it",
+        ),
+        (
+            49,
+            "REGRESSION",
+            "history check: the newest run of a (model, regime, arm, device) is slower than "
+            "its history (the rule is in the README); the lines on stderr name it",
         ),
     ],
 )
@@ -133,6 +140,11 @@ class DegenerateOutputError(BenchError):
 
 class CompareMismatchError(BadInputError):
     """Reports of different regimes or machines were compared without --force."""
+
+
+class HistoryError(BadInputError):
+    """A results-history database that cannot be used as one (missing, not SQLite, another
+    schema or version, a link, a FIFO, a huge row); nothing was changed in it."""
 
 
 class PluginError(BenchError):

@@ -2,12 +2,15 @@
 
 A run on a busy machine once reported eager best 7.6 tok/s with median 1.2, a graph arm
 at 0.19x eager and an eager roofline share of 198% (the bandwidth probe ran while other
-jobs held the cores), with no warning. Three conditions are checked after every run:
+jobs held the cores), with no warning. Four conditions are checked after every run:
 
 * ``spread``: an arm's tok/s samples disagree (best far above the median, or a large
   stdev relative to the median): the typical iteration is not what the headline says;
 * ``roofline``: an arm beats the measured ceiling (share > 100%): the ceiling was measured
   while something else held the cores, or the formula does not fit this model;
+* ``interval``: an arm's paired-ratio 95% interval (``ratio_vs_eager`` /
+  ``ratio_vs_peer``, pypto_bench.intervals) is wider than +-25% of its median: the rounds
+  disagree too much for the ratio to say anything;
 * ``load``: other processes used a large share of the machine's cores during the run
   (machine busy time from /proc/stat minus this process's own and its children's, so
   compile workers are not "other"; elsewhere the 1-minute load average per core).
@@ -26,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .config import Arm
+from .intervals import relative_half_width
 
 __all__ = [
     "OWN_PROCESS_METHOD",
@@ -53,6 +57,10 @@ class NoiseThresholds:
     min_samples_for_stdev: int = 3
     #: measured tok/s / roofline ceiling: above 1.0 the ceiling itself is wrong.
     roofline_share: float = 1.0
+    #: relative half-width of an arm's paired-ratio 95% interval (``ratio_vs_eager`` /
+    #: ``ratio_vs_peer``: (high - low) / 2 / median); checked from
+    #: ``min_samples_for_stdev`` rounds on. Above it the ratio is +-25% or worse.
+    ratio_ci_half_width: float = 0.25
     #: share of all cores' time used by other processes during the run.
     other_load: float = 0.5
     #: 1-minute load average per core (fallback without /proc/stat; includes this run).
@@ -264,6 +272,26 @@ def assess(
                 if arm.name == Arm.EAGER:  # the baseline of every other arm's ratio
                     for other in ok_arms:
                         mark(other.name, (RATIO,), why)
+    for arm in ok_arms:
+        for key, label in (("ratio_vs_eager", "x eager"), ("ratio_vs_peer", "x hf-compile")):
+            ci = getattr(arm, key, None)
+            if not ci or (ci.get("rounds") or 0) < thresholds.min_samples_for_stdev:
+                continue
+            c = _check(
+                "interval",
+                f"{where}{arm.name}",
+                f"{label} 95% interval half-width / median",
+                relative_half_width(ci),
+                thresholds.ratio_ci_half_width,
+            )
+            checks.append(c)
+            if c["holds"]:
+                why = (
+                    f"{arm.name} {label} interval [{ci['low']:.2f}, {ci['high']:.2f}] is "
+                    f"+-{c['value']:.0%} of its median {ci['median']:.2f} > "
+                    f"+-{c['threshold']:.0%}"
+                )
+                mark(arm.name, (RATIO,), why)
     for arm in ok_arms:
         share = (arm.roofline or {}).get("fraction_of_ceiling")
         c = _check(

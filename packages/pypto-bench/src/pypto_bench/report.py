@@ -40,9 +40,11 @@ __all__ = [
     "fallback_dirs",
     "format_table",
     "headers",
+    "interval_text",
     "load_report",
     "model_section",
     "new_report",
+    "ratio_cell",
     "report_to_markdown",
     "schema",
     "underlying_error",
@@ -54,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -86,6 +88,12 @@ class ArmResult:
     bisect: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    #: The median of the per-round paired ratios (this arm's tok/s over eager's in the same
+    #: round) with its 95% interval: ``{"median", "low", "high", "rounds", "method",
+    #: "level"}`` (pypto_bench.intervals). None: no eager arm, or this one failed.
+    ratio_vs_eager: dict[str, Any] | None = None
+    #: The same against the hf-compile arm's rounds; None without it.
+    ratio_vs_peer: dict[str, Any] | None = None
     #: Set by the noise guard (pypto_bench.noise) when this arm's timing verdicts cannot
     #: be trusted: ``{"verdicts": ["tok/s", "x eager", "roofline %"], "why": "..."}``.
     unreliable: dict[str, Any] | None = None
@@ -111,6 +119,11 @@ class Report:
     #: ``--batch 1,8,32``: one entry per batch (tok/s per arm, the roofline against both
     #: ceilings); None for a single batch.
     batch_sweep: list[dict[str, Any]] | None = None
+    #: The order of the timed iterations (pypto_bench.rounds): ``{"kind": "interleaved" |
+    #: "sequential", "order": [[arm, round], ...], "rounds", ...}``, with ``target_ci``
+    #: (whether ``--target-ci`` was met and why the rounds stopped). None: not recorded
+    #: (reports before 1.4, multi-device runs).
+    schedule: dict[str, Any] | None = None
     #: ``--nproc N`` (pypto_bench.distributed): ranks, backend, aggregate tok/s, per-rank
     #: step time / communication share / memory, the 1-rank baseline, scaling efficiency
     #: and agreement with it; None for a single-process run.
@@ -153,7 +166,32 @@ class Report:
             best = arm.tokens_per_s.get("best")
             arm.ratio_to_eager = (best / base) if (base and best and arm.ok) else None
             arm.ratio_to_peer = (best / peer_base) if (peer_base and best and arm.ok) else None
+        self._fill_intervals(eager, peer)
         self.ok = not self.failed_arms
+
+    def _fill_intervals(self, eager: ArmResult | None, peer: ArmResult | None) -> None:
+        """Each ok arm's tok/s median with its 95% interval (``tokens_per_s["interval"]``)
+        and its paired ratios' (``ratio_vs_eager`` / ``ratio_vs_peer``): sample ``r`` of
+        one arm over sample ``r`` of the other, i.e. round ``r`` of an interleaved run
+        (pypto_bench.intervals says how the interval is made)."""
+        from .intervals import bootstrap_median, paired_ratios
+
+        def samples(a: ArmResult | None) -> list[float] | None:
+            if a is None or not a.ok:
+                return None
+            return list(a.tokens_per_s.get("samples") or []) or None
+
+        base, peer_base = samples(eager), samples(peer)
+        for arm in self.arms:
+            own = samples(arm)
+            arm.ratio_vs_eager = arm.ratio_vs_peer = None
+            if own is None:
+                continue
+            arm.tokens_per_s["interval"] = bootstrap_median(own)
+            if base is not None and arm is not eager:
+                arm.ratio_vs_eager = bootstrap_median(paired_ratios(own, base))
+            if peer_base is not None and arm is not peer:
+                arm.ratio_vs_peer = bootstrap_median(paired_ratios(own, peer_base))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, secrets redacted: whatever reaches a file or stdout passes here.
@@ -462,8 +500,8 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
                 _fmt(tps.get("mean")),
                 _fmt(tps.get("stdev")),
                 _fmt(ttft * 1000 if ttft is not None else None, ".2f"),
-                _fmt(arm.get("ratio_to_eager"), ".2f"),
-                _fmt(arm.get("ratio_to_peer"), ".2f"),
+                ratio_cell(arm, "ratio_vs_eager", "ratio_to_eager"),
+                ratio_cell(arm, "ratio_vs_peer", "ratio_to_peer"),
                 "by design"
                 if by_design
                 else _fmt(match * 100 if match is not None else None, ".1f"),
@@ -473,6 +511,61 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def interval_text(interval: dict[str, Any] | None, spec: str = ".2f") -> str | None:
+    """``2.41 [2.30, 2.55]``: a median and its interval (None without one)."""
+    if not interval or interval.get("median") is None:
+        return None
+    return f"{interval['median']:{spec}} [{interval['low']:{spec}}, {interval['high']:{spec}}]"
+
+
+def ratio_cell(arm: dict[str, Any], interval_key: str, point_key: str) -> str:
+    """A ratio column: the paired ratios' median and 95% interval where the report has
+    them (1.4 on), else the best-over-best ratio of older reports."""
+    return interval_text(arm.get(interval_key)) or _fmt(arm.get(point_key), ".2f")
+
+
+def _schedule_lines(data: dict[str, Any]) -> list[str]:
+    """The schedule, each arm's intervals and ``--target-ci``'s outcome, in words."""
+    sched = data.get("schedule")
+    lines = []
+    if sched:
+        text = f"schedule: {sched.get('kind')}, {sched.get('rounds')} round(s)"
+        if sched.get("kind") == "interleaved":
+            text += " (A B B A ...: arm order reversed every other round)"
+        if sched.get("why"):
+            text += f"; {sched['why']}"
+        lines.append(text)
+        target = sched.get("target_ci")
+        if target:
+            text = (
+                f"target CI +-{target['percent']:g}%: "
+                f"{'met' if target.get('met') else 'NOT met'} after {target.get('rounds')} "
+                f"round(s), stopped: {target.get('stopped')}"
+            )
+            widest = target.get("widest")
+            if widest:
+                text += (
+                    f" (widest: {widest['arm']} {widest['ratio']} +-"
+                    f"{widest['relative_half_width'] * 100:.1f}%)"
+                )
+            lines.append(text)
+    for arm in data["arms"]:
+        parts = []
+        tps = interval_text((arm.get("tokens_per_s") or {}).get("interval"), ".1f")
+        if tps:
+            parts.append(f"tok/s {tps}")
+        for key, label in (("ratio_vs_eager", "x eager"), ("ratio_vs_peer", "x hf-compile")):
+            got = interval_text(arm.get(key))
+            if got:
+                parts.append(f"{label} {got}")
+        if parts:
+            rounds = ((arm.get("tokens_per_s") or {}).get("interval") or {}).get("rounds")
+            lines.append(
+                f"{arm['name']}: {', '.join(parts)} (median [95% interval], {rounds} round(s))"
+            )
+    return lines
 
 
 def _noise_cell(data: dict[str, Any], arm: dict[str, Any]) -> str:
@@ -652,6 +745,7 @@ def format_table(report: Report | dict[str, Any]) -> str:
             f"{row[0]}: {row[1]}; tok/forward {row[2]}, forwards/s {row[3]} (medians); "
             f"denoising steps {row[4]}, forward passes {row[5]}, steps per block [{row[6]}]"
         )
+    lines += _schedule_lines(data)
     lines += _noise_lines(data)
     vl = vl_line(data)
     if vl:
@@ -833,6 +927,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             "|" + "|".join("---" for _ in SWEEP_HEADERS) + "|",
         ]
         lines += ["| " + " | ".join(r) + " |" for r in sweep]
+    intervals = _schedule_lines(data)
+    if intervals:
+        lines += ["", *(f"- {line}" for line in intervals)]
     lines += _noise_markdown(data)
     vl = vl_line(data)
     if vl:

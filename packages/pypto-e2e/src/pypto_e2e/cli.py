@@ -28,7 +28,8 @@ OWN_LOGGERS = ("pypto_e2e",)
 
 # Bench flags e2e defines itself: the model folder comes from the download/patch steps,
 # the report goes into the work dir, and remote code is decided by the patch step.
-_BENCH_FLAGS_OWNED_HERE = ("model_path", "report_file", "trust_remote_code")
+# history: pypto-bench run records its report there; e2e does not offer it (yet).
+_BENCH_FLAGS_OWNED_HERE = ("model_path", "report_file", "trust_remote_code", "history")
 
 
 class _Parser(argparse.ArgumentParser):

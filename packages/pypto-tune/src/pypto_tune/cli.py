@@ -28,7 +28,14 @@ log = logging.getLogger("pypto_tune")
 
 OWN_LOGGERS = ("pypto_tune", "pypto_bench", "pypto_capture")
 # Bench flags that make no sense for one profiled arm (pypto-tune has its own).
-_EXCLUDED_BENCH_FLAGS = ["arms", "warmup", "iters", "report_file", "measure_bandwidth"]
+_EXCLUDED_BENCH_FLAGS = [
+    "arms",
+    "warmup",
+    "iters",
+    "report_file",
+    "measure_bandwidth",
+    "history",
+]
 
 
 def _thresholds(p: argparse.ArgumentParser) -> None:

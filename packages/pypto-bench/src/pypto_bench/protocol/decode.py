@@ -25,6 +25,7 @@ from .peer import peer_generate_kwargs, recipe_scope
 __all__ = [
     "DecodeRegime",
     "FirstLogitsStamp",
+    "compile_first",
     "decode_sample",
     "eager_generate",
     "fill_decode",
@@ -184,7 +185,7 @@ def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[DecodeIteration]:
         yield graph_decode_iteration(ctx, arm)
 
 
-def _compile_first(ctx: Context, arm: ArmResult, once: DecodeIteration) -> None:
+def compile_first(ctx: Context, arm: ArmResult, once: DecodeIteration) -> None:
     """The hf-compile arm's first call compiles (untimed as a sample: ``capture_s``)."""
     from ..peer import used_compiled_call
 
@@ -211,7 +212,7 @@ def run_decode(
         if keep is not None:
             keep["once"] = once
         if arm.name == Arm.HF_COMPILE:
-            _compile_first(ctx, arm, once)
+            compile_first(ctx, arm, once)
         with torch.inference_mode():
             for i in range(cfg.warmup):
                 once()

@@ -1,0 +1,560 @@
+"""A results history in an SQLite file (standard library ``sqlite3``).
+
+Why a database and not a folder of JSON files: CI jobs on one runner write at the same
+time, and a gate needs "the earlier runs of this model, regime, arm and device" in one
+query. Every report is one transaction (``BEGIN IMMEDIATE``: a second writer waits up
+to :data:`BUSY_TIMEOUT_S` for the first, never interleaves with it), the journal is
+WAL, so a writer killed mid-transaction leaves every committed run intact.
+
+Schema (version :data:`SCHEMA_VERSION`, in the ``meta`` table): ``runs`` (one row per
+report: its environment fingerprint, timestamp and the report JSON) and ``arms`` (one
+row per arm of a run: its fingerprint columns repeated, tok/s samples and interval, the
+x eager interval). A file that is not such a database (not SQLite, another schema or
+version, a symlink, a FIFO, a row over :data:`MAX_ROW_BYTES`) is refused with
+:class:`~pypto_bench.errors.HistoryError` before anything is written to it.
+
+The check rule (:func:`check`): for each (model, regime, arm, device, dtype, shapes)
+with at least ``min_runs`` earlier runs, the baseline is the median of the earlier
+runs' medians and the band is ``max(3 * 1.4826 * MAD, tolerance * baseline)``; the
+newest run regresses when its whole interval lies below ``baseline - band`` (tok/s, and
+the x eager ratio where there is one), improves when it lies above ``baseline + band``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import stat
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import EXIT, HistoryError
+from .report import Report
+from .verdicts import arm_intervals, fingerprint
+
+__all__ = [
+    "BUSY_TIMEOUT_S",
+    "MAX_ROW_BYTES",
+    "SCHEMA_VERSION",
+    "CheckResult",
+    "check",
+    "check_db_path",
+    "list_runs",
+    "plot_history",
+    "record",
+    "show_run",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_TOOL = "pypto-bench-history"
+#: How long a writer waits for another writer's transaction (seconds).
+BUSY_TIMEOUT_S = 60.0
+#: A stored report or sample list larger than this is not something this tool wrote.
+MAX_ROW_BYTES = 16 * 2**20
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_RUN_COLUMNS = (
+    "id",
+    "recorded_at",
+    "created_at",
+    "model",
+    "model_path_hash",
+    "model_class",
+    "regime",
+    "device",
+    "dtype",
+    "batch",
+    "seq",
+    "gen",
+    "torch",
+    "transformers",
+    "host",
+    "ok",
+    "noisy",
+)
+_ARM_COLUMNS = (
+    "run_id",
+    "arm",
+    "ok",
+    "model",
+    "regime",
+    "device",
+    "dtype",
+    "shapes",
+    "created_at",
+    "samples",
+    "tok_s_median",
+    "tok_s_low",
+    "tok_s_high",
+    "x_eager_median",
+    "x_eager_low",
+    "x_eager_high",
+    "method",
+)
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, recorded_at TEXT NOT NULL, created_at TEXT,
+    model TEXT NOT NULL, model_path_hash TEXT, model_class TEXT, regime TEXT NOT NULL,
+    device TEXT NOT NULL, dtype TEXT, batch INTEGER, seq INTEGER, gen INTEGER, torch TEXT,
+    transformers TEXT, host TEXT, ok INTEGER NOT NULL, noisy INTEGER, report TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS arms (
+    run_id INTEGER NOT NULL REFERENCES runs(id), arm TEXT NOT NULL, ok INTEGER NOT NULL,
+    model TEXT NOT NULL, regime TEXT NOT NULL, device TEXT NOT NULL, dtype TEXT,
+    shapes TEXT NOT NULL, created_at TEXT, samples TEXT NOT NULL, tok_s_median REAL,
+    tok_s_low REAL, tok_s_high REAL, x_eager_median REAL, x_eager_low REAL,
+    x_eager_high REAL, method TEXT, PRIMARY KEY (run_id, arm)
+);
+CREATE INDEX IF NOT EXISTS arms_group ON arms (model, regime, arm, device);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('tool', '{_TOOL}');
+INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}');
+"""
+
+
+def _fix(path: Path) -> str:
+    return f"pass --history/--db a pypto-bench history file or a new path (not {path})"
+
+
+def check_db_path(path: str | os.PathLike[str], *, create: bool) -> Path:
+    """Refuse what is not a usable history file at ``path``; return it (not resolved).
+
+    ``create``: a missing file is fine (a writer creates it); otherwise it must exist.
+    Refused: a symlink, anything but a regular file, a non-empty file without SQLite's
+    header, a database without this tool's ``meta`` / another schema version / missing
+    tables or columns, a row over :data:`MAX_ROW_BYTES`. Nothing is written.
+    """
+    p = Path(path).expanduser()
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        if not create:
+            raise HistoryError(
+                f"history {p} does not exist: run `pypto-bench run "
+                f"--history {p}` first or name another file"
+            ) from None
+        if not p.parent.is_dir():
+            raise HistoryError(
+                f"history folder {p.parent} does not exist: create it or pick another path"
+            ) from None
+        return p
+    except OSError as err:
+        raise HistoryError(f"history {p} cannot be read ({err.strerror}): {_fix(p)}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise HistoryError(
+            f"history {p} is a symbolic link (to {os.readlink(p)}); it is not "
+            f"followed: name the real file"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise HistoryError(
+            f"history {p} is not a regular file (a FIFO, folder or device): {_fix(p)}"
+        )
+    if st.st_size == 0:
+        if create:
+            return p
+        raise HistoryError(f"history {p} is empty: it holds no runs yet")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError as err:
+        raise HistoryError(f"history {p} cannot be read ({err.strerror}): {_fix(p)}") from None
+    if head != _SQLITE_MAGIC:
+        raise HistoryError(f"history {p} is not an SQLite database: {_fix(p)}")
+    # No "-wal" beside it: nothing uncommitted to see, so read it as immutable (no lock,
+    # no "-wal"/"-shm" created beside a file that may not even be ours).
+    quiet = not Path(f"{p}-wal").exists()
+    try:
+        with closing(_connect(p, readonly=True, immutable=quiet)) as con:
+            _validate(con, p)
+    except sqlite3.DatabaseError as err:
+        raise HistoryError(
+            f"history {p} is not a readable SQLite database ({err}): {_fix(p)}"
+        ) from None
+    return p
+
+
+def _connect(path: Path, *, readonly: bool, immutable: bool = False) -> sqlite3.Connection:
+    uri = f"{path.absolute().as_uri()}?mode={'ro' if readonly else 'rwc'}"
+    if immutable:
+        uri += "&immutable=1"
+    con = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    con.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    return con
+
+
+def _validate(con: sqlite3.Connection, path: Path) -> None:
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "meta" not in tables:
+        raise HistoryError(
+            f"history {path} is an SQLite file but not a pypto-bench history "
+            f"(no meta table): {_fix(path)}"
+        )
+    meta = dict(
+        con.execute(
+            "SELECT key, value FROM meta WHERE key IN ('tool', 'schema_version')"
+        ).fetchall()
+    )
+    if meta.get("tool") != _TOOL:
+        raise HistoryError(
+            f"history {path} belongs to another tool ({meta.get('tool')!r}): {_fix(path)}"
+        )
+    if meta.get("schema_version") != str(SCHEMA_VERSION):
+        raise HistoryError(
+            f"history {path} has schema version {meta.get('schema_version')!r}, this "
+            f"pypto-bench reads version {SCHEMA_VERSION}: use the pypto-bench that wrote it "
+            "or start a new history file"
+        )
+    for table, columns in (("runs", _RUN_COLUMNS), ("arms", _ARM_COLUMNS)):
+        have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise HistoryError(
+                f"history {path}: table {table} lacks {', '.join(missing)} "
+                f"(a damaged or foreign schema): {_fix(path)}"
+            )
+    big = con.execute(
+        "SELECT max((SELECT max(length(report)) FROM runs), "
+        "(SELECT max(length(samples)) FROM arms))"
+    ).fetchone()[0]
+    if big is not None and big > MAX_ROW_BYTES:
+        raise HistoryError(
+            f"history {path} holds a row of {big} bytes (more than "
+            f"{MAX_ROW_BYTES} this tool ever writes): {_fix(path)}"
+        )
+
+
+@contextmanager
+def _reader(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
+    p = check_db_path(path, create=False)
+    try:
+        with closing(_connect(p, readonly=True)) as con:
+            con.row_factory = sqlite3.Row
+            yield con
+    except sqlite3.DatabaseError as err:
+        raise HistoryError(f"history {p} could not be read ({err}): {_fix(p)}") from None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="microseconds")
+
+
+def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int:
+    """Append ``report`` (every arm) to the history at ``path`` in one transaction; its id.
+
+    Creates the file (schema + ``meta``) when missing. ``HistoryError`` (nothing
+    written) when ``path`` is not a usable history file.
+    """
+    data = report.to_dict() if isinstance(report, Report) else report
+    text = json.dumps(data, sort_keys=True, allow_nan=False)
+    if len(text) > MAX_ROW_BYTES:
+        raise HistoryError(
+            f"report of {len(text)} bytes is larger than a history row may be ({MAX_ROW_BYTES})"
+        )
+    p = check_db_path(path, create=True)
+    fp = fingerprint(data)
+    model = data.get("model") or {}
+    env = data.get("environment") or {}
+    raw_path = model.get("path") or (data.get("config") or {}).get("model_path") or ""
+    path_hash = hashlib.sha256(str(raw_path).encode()).hexdigest()[:16]
+    shapes = json.dumps(fp["shapes"], sort_keys=True)
+    intervals = arm_intervals(data)
+    recorded_at = _now()
+    try:
+        with closing(_connect(p, readonly=False)) as con:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        con.execute(statement)
+                _validate(con, p)
+                cur = con.execute(
+                    "INSERT INTO runs (recorded_at, created_at, model, model_path_hash, "
+                    "model_class, regime, device, dtype, batch, seq, gen, torch, transformers, "
+                    "host, ok, noisy, report) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        recorded_at,
+                        data.get("created_at"),
+                        fp["model"],
+                        path_hash,
+                        model.get("class"),
+                        fp["regime"],
+                        fp["device"],
+                        fp["dtype"],
+                        fp["shapes"]["batch"],
+                        fp["shapes"]["seq"],
+                        fp["shapes"]["gen"],
+                        fp["versions"]["torch"],
+                        fp["versions"]["transformers"],
+                        env.get("host"),
+                        int(bool(data.get("ok"))),
+                        int(bool((data.get("noise") or {}).get("noisy"))),
+                        text,
+                    ),
+                )
+                run_id = int(cur.lastrowid or 0)
+                for arm in data.get("arms") or []:
+                    got = intervals.get(arm["name"], {})
+                    tps, xe = got.get("tok/s"), got.get("x eager")
+                    samples = (arm.get("tokens_per_s") or {}).get("samples") or []
+                    con.execute(
+                        "INSERT INTO arms (run_id, arm, ok, model, regime, device, dtype, "
+                        "shapes, created_at, samples, tok_s_median, tok_s_low, tok_s_high, "
+                        "x_eager_median, x_eager_low, x_eager_high, method) "
+                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (
+                            run_id,
+                            arm["name"],
+                            int(bool(arm.get("ok"))),
+                            fp["model"],
+                            fp["regime"],
+                            fp["device"],
+                            fp["dtype"],
+                            shapes,
+                            data.get("created_at") or recorded_at,
+                            json.dumps(samples),
+                            tps.median if tps else None,
+                            tps.low if tps else None,
+                            tps.high if tps else None,
+                            xe.median if xe else None,
+                            xe.low if xe else None,
+                            xe.high if xe else None,
+                            tps.method if tps else None,
+                        ),
+                    )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+    except sqlite3.DatabaseError as err:
+        raise HistoryError(f"history {p} could not be written ({err}): {_fix(p)}") from None
+    log.info("recorded run %d in history %s", run_id, p)
+    return run_id
+
+
+def _without_run_id(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)  # a Row iterates its values; dict() reads it as a mapping
+    out.pop("run_id", None)
+    return out
+
+
+def list_runs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every run (oldest first) without its report JSON, each with its arms' tok/s."""
+    with _reader(path) as con:
+        runs = [
+            dict(r) for r in con.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY id")
+        ]
+        arms: dict[int, list[dict[str, Any]]] = {}
+        for r in con.execute(
+            "SELECT run_id, arm, ok, tok_s_median, tok_s_low, tok_s_high, "
+            "x_eager_median, x_eager_low, x_eager_high FROM arms "
+            "ORDER BY run_id, rowid"
+        ):
+            arms.setdefault(r["run_id"], []).append(_without_run_id(r))
+    for run in runs:
+        run["arms"] = arms.get(run["id"], [])
+    return runs
+
+
+def show_run(path: str | os.PathLike[str], run_id: int) -> dict[str, Any]:
+    """One run: its columns, arms and the stored report (``report``)."""
+    with _reader(path) as con:
+        row = con.execute(
+            f"SELECT {', '.join(_RUN_COLUMNS)}, report FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise HistoryError(
+                f"history {path} has no run {run_id}: `pypto-bench history "
+                f"list --db {path}` lists the ids"
+            )
+        out = dict(row)
+        out["report"] = json.loads(out["report"])
+        out["arms"] = [
+            _without_run_id(r) | {"samples": json.loads(r["samples"])}
+            for r in con.execute(
+                f"SELECT {', '.join(_ARM_COLUMNS)} FROM arms WHERE run_id = ? ORDER BY rowid",
+                (run_id,),
+            )
+        ]
+    return out
+
+
+@dataclass
+class CheckResult:
+    """One line per group judged; ``regressed`` decides the exit code."""
+
+    rule: str
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return any(g["verdict"] == "regression" for g in self.groups)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT.REGRESSION if self.regressed else EXIT.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "regressed": self.regressed,
+            "exit_code": self.exit_code,
+            "groups": self.groups,
+        }
+
+
+def _band(medians: Sequence[float], tolerance: float) -> tuple[float, float]:
+    base = statistics.median(medians)
+    mad = statistics.median(abs(m - base) for m in medians)
+    return base, max(3 * 1.4826 * mad, tolerance * abs(base))
+
+
+def check(
+    path: str | os.PathLike[str], *, min_runs: int = 3, tolerance: float = 0.05
+) -> CheckResult:
+    """Judge the newest run of every group against the earlier runs (module docstring)."""
+    if min_runs < 1:
+        raise HistoryError(f"--min-runs must be >= 1, got {min_runs}")
+    if not 0 <= tolerance < 1:
+        raise HistoryError(f"--tolerance must be in [0, 1), got {tolerance}")
+    rule = (
+        f"newest interval entirely below median(earlier medians) - max(3*1.4826*MAD, "
+        f"{tolerance:.0%} of it) = regression (needs >= {min_runs} earlier runs)"
+    )
+    result = CheckResult(rule=rule)
+    with _reader(path) as con:
+        rows = [
+            dict(r)
+            for r in con.execute(
+                "SELECT run_id, arm, model, regime, device, dtype, shapes, created_at, "
+                "tok_s_median, tok_s_low, tok_s_high, x_eager_median, x_eager_low, x_eager_high "
+                "FROM arms WHERE ok = 1 ORDER BY run_id"
+            )
+        ]
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        group = (r["model"], r["regime"], r["arm"], r["device"], r["dtype"] or "", r["shapes"])
+        groups.setdefault(group, []).append(r)
+    for key, runs in groups.items():
+        newest, earlier = runs[-1], runs[:-1]
+        entry: dict[str, Any] = {
+            "model": key[0],
+            "regime": key[1],
+            "arm": key[2],
+            "device": key[3],
+            "dtype": key[4],
+            "shapes": json.loads(key[5]),
+            "run_id": newest["run_id"],
+            "earlier_runs": len(earlier),
+            "measures": [],
+        }
+        verdict = "ok"
+        if len(earlier) < min_runs:
+            verdict = "insufficient history"
+        for name, col in (("tok/s", "tok_s"), ("x eager", "x_eager")):
+            meds = [e[f"{col}_median"] for e in earlier if e[f"{col}_median"] is not None]
+            if newest[f"{col}_median"] is None or len(meds) < min_runs:
+                continue
+            base, band = _band(meds, tolerance)
+            low, high = newest[f"{col}_low"], newest[f"{col}_high"]
+            m_verdict = (
+                "regression"
+                if high < base - band
+                else "improvement"
+                if low > base + band
+                else "no change"
+            )
+            entry["measures"].append(
+                {
+                    "measure": name,
+                    "verdict": m_verdict,
+                    "baseline": base,
+                    "band": band,
+                    "newest": {"median": newest[f"{col}_median"], "low": low, "high": high},
+                }
+            )
+            if m_verdict == "regression":
+                verdict = "regression"
+            elif m_verdict == "improvement" and verdict == "ok":
+                verdict = "improvement"
+        entry["verdict"] = verdict
+        result.groups.append(entry)
+    return result
+
+
+def plot_history(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    measure: str = "x eager",
+    arm: str | None = None,
+) -> Path:
+    """PNG of ``measure`` ("x eager" or "tok/s") over time, one line per group, interval bars."""
+    from .errors import BadInputError, EnvironmentMissingError
+
+    col = {"x eager": "x_eager", "tok/s": "tok_s"}.get(measure)
+    if col is None:
+        raise BadInputError(f"--measure {measure!r}: pick 'x eager' or 'tok/s'")
+    target = Path(out)
+    if target.suffix.lower() != ".png":
+        raise BadInputError(f"--out {target}: the plot is a PNG, name the file *.png")
+    if not target.parent.is_dir():
+        raise BadInputError(f"plot folder {target.parent} does not exist: create it first")
+    with _reader(path) as con:
+        rows = [
+            dict(r)
+            for r in con.execute(
+                f"SELECT arm, model, regime, device, created_at, {col}_median AS m, {col}_low AS lo,"
+                f" {col}_high AS hi FROM arms WHERE ok = 1 AND {col}_median IS NOT NULL "
+                "ORDER BY run_id"
+            )
+        ]
+    if arm is not None:
+        rows = [r for r in rows if r["arm"] == arm]
+    if not rows:
+        raise HistoryError(
+            f"history {path} has no {measure} values{f' for arm {arm}' if arm else ''} to plot"
+        )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise EnvironmentMissingError(
+            "plotting needs matplotlib: pip install 'pypto-bench[plot]'"
+        ) from err
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault(f"{r['arm']} {r['regime']} {r['device']} {r['model'][:8]}", []).append(r)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, pts in series.items():
+        xs: Any = [_dt.datetime.fromisoformat(p["created_at"]) for p in pts]
+        ys = [p["m"] for p in pts]
+        bars = [
+            [p["m"] - (p["lo"] if p["lo"] is not None else p["m"]) for p in pts],
+            [(p["hi"] if p["hi"] is not None else p["m"]) - p["m"] for p in pts],
+        ]
+        ax.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=label)
+    ax.set_ylabel(measure + " (median, 95% interval)")
+    ax.set_title(f"pypto-bench history: {measure} over time")
+    ax.legend(fontsize=7)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    from pypto_common.files import atomic_write
+
+    try:
+        atomic_write(target, lambda fh: fig.savefig(fh, format="png", dpi=100))
+    finally:
+        plt.close(fig)
+    return target

@@ -1,0 +1,132 @@
+"""``pypto-bench history list | show | check | plot``: the CLI side of :mod:`.history`.
+
+Exit codes: 0 ok; 2 (``USAGE``) a refused database or bad flags; 49 (``REGRESSION``)
+``check`` found a regression, so a CI job can gate on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pypto_common import add_verbosity_flags, redact
+
+from .errors import EXIT
+
+__all__ = ["add_history_parser", "run_history"]
+
+
+def add_history_parser(sub: Any) -> None:
+    """Add ``history`` with its four actions to the subparsers ``sub``."""
+    hist = sub.add_parser("history", help="the results history (--history DB): list, check")
+    add_verbosity_flags(hist, top=False)
+    actions = hist.add_subparsers(dest="history_command", required=True)
+
+    def action(name: str, help_text: str) -> argparse.ArgumentParser:
+        a: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+        add_verbosity_flags(a, top=False)
+        a.add_argument("--db", required=True, metavar="DB", help="the history file")
+        return a
+
+    ls = action("list", "every recorded run (oldest first)")
+    ls.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    sh = action("show", "one run: fingerprint, arms, the stored report")
+    sh.add_argument("run_id", type=int, metavar="ID")
+    sh.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ck = action(
+        "check", f"judge the newest run of each group; exit {EXIT.REGRESSION} on a regression"
+    )
+    ck.add_argument(
+        "--min-runs",
+        type=int,
+        default=3,
+        help="earlier runs a group needs to be judged (default: 3)",
+    )
+    ck.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="smallest band, as a share of the baseline (default: 0.05)",
+    )
+    ck.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    pl = action("plot", "PNG of a ratio (or tok/s) over time")
+    pl.add_argument("--out", required=True, metavar="FILE", help="the PNG to write")
+    pl.add_argument("--measure", default="x eager", choices=("x eager", "tok/s"))
+    pl.add_argument("--arm", default=None, help="only this arm (default: every arm)")
+
+
+def _fmt(v: Any, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def run_history(args: argparse.Namespace) -> int:
+    """Run one ``history`` action; errors propagate as ``BenchError`` (one line upstream)."""
+    from . import history
+
+    if args.history_command == "list":
+        runs = history.list_runs(args.db)
+        if args.json:
+            print(json.dumps(runs))
+            return EXIT.OK
+        rows = [["id", "created", "model", "regime", "device", "dtype", "batch", "arms (tok/s)"]]
+        for r in runs:
+            arms = ", ".join(f"{a['arm']} {_fmt(a['tok_s_median'])}" for a in r["arms"])
+            rows.append(
+                [
+                    str(r["id"]),
+                    str(r["created_at"]),
+                    str(r["model"])[:12],
+                    r["regime"],
+                    r["device"],
+                    str(r["dtype"]),
+                    str(r["batch"]),
+                    arms,
+                ]
+            )
+        print(_table(rows))
+        return EXIT.OK
+    if args.history_command == "show":
+        run = history.show_run(args.db, args.run_id)
+        if args.json:
+            print(json.dumps(run))
+            return EXIT.OK
+        for k, v in run.items():
+            if k not in ("report", "arms"):
+                print(f"{k}: {v}")
+        for a in run["arms"]:
+            print(
+                f"arm {a['arm']}: tok/s {_fmt(a['tok_s_median'])} [{_fmt(a['tok_s_low'])}, "
+                f"{_fmt(a['tok_s_high'])}]  x eager {_fmt(a['x_eager_median'])} "
+                f"[{_fmt(a['x_eager_low'])}, {_fmt(a['x_eager_high'])}]  ({a['method']})"
+            )
+        return EXIT.OK
+    if args.history_command == "check":
+        result = history.check(args.db, min_runs=args.min_runs, tolerance=args.tolerance)
+        if args.json:
+            print(json.dumps(result.to_dict()))
+        print(f"rule: {result.rule}", file=sys.stderr)
+        for g in result.groups:
+            parts = "; ".join(
+                f"{m['measure']} {m['verdict']}: {_fmt(m['newest']['median'])} "
+                f"[{_fmt(m['newest']['low'])}, {_fmt(m['newest']['high'])}] vs "
+                f"{_fmt(m['baseline'])} +- {_fmt(m['band'])}"
+                for m in g["measures"]
+            )
+            print(
+                redact(
+                    f"{g['verdict'].upper()}: run {g['run_id']} {g['arm']} {g['regime']} "
+                    f"{g['device']} ({g['earlier_runs']} earlier){': ' + parts if parts else ''}"
+                ),
+                file=sys.stderr,
+            )
+        return result.exit_code
+    out = history.plot_history(args.db, args.out, measure=args.measure, arm=args.arm)
+    print(f"plot written to {out}", file=sys.stderr)
+    return EXIT.OK

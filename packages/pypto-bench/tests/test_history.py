@@ -1,0 +1,317 @@
+"""The results history: records, concurrent writers, kill -9, hostile files, the CI gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pypto_bench import EXIT
+from pypto_bench.cli import main
+from pypto_bench.errors import HistoryError
+from pypto_bench.history import MAX_ROW_BYTES, SCHEMA_VERSION, check, record
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _history_fixtures import make_report
+
+FIXTURES = Path(__file__).parent / "_history_fixtures.py"
+STEADY = [150.0, 151.0, 149.0, 150.5, 149.5]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pypto_bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        check=False,
+    )
+
+
+@contextmanager
+def _db(path: Path | str) -> Iterator[sqlite3.Connection]:
+    """A committed-on-exit and *closed* connection (sqlite3's own ``with`` only commits)."""
+    con = sqlite3.connect(path)
+    try:
+        with con:
+            yield con
+    finally:
+        con.close()
+
+
+def _integrity(db: Path) -> str:
+    with _db(db) as con:
+        return str(con.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def _series(db: Path, graphs: list[list[float]]) -> None:
+    for day, graph in enumerate(graphs, start=1):
+        record(db, make_report(graph=graph, created_at=f"2026-11-{day:02d}T00:00:00+00:00"))
+
+
+def test_record_list_show_plot(tmp_path, capsys):
+    db = tmp_path / "h.db"
+    _series(db, [STEADY, [s * 1.01 for s in STEADY]])
+    assert main(["history", "list", "--db", str(db), "--json"]) == EXIT.OK
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in runs] == [1, 2]
+    assert runs[0]["regime"] == "decode"
+    assert runs[0]["device"] == "cpu:x86_64 test cpu"
+    assert runs[0]["torch"] == "2.13.0"
+    assert runs[0]["batch"] == 1
+    assert runs[0]["model_path_hash"]
+    graph = next(a for a in runs[0]["arms"] if a["arm"] == "graph")
+    assert graph["tok_s_low"] <= graph["tok_s_median"] == 150.0 <= graph["tok_s_high"]
+    assert graph["x_eager_median"] == pytest.approx(1.5, rel=0.02)
+    assert main(["history", "list", "--db", str(db)]) == EXIT.OK
+    assert "graph 150" in capsys.readouterr().out
+    assert main(["history", "show", "2", "--db", str(db), "--json"]) == EXIT.OK
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["report"]["regime"] == "decode"
+    assert shown["arms"][1]["samples"][0] == 151.5
+    assert main(["history", "show", "9", "--db", str(db)]) == EXIT.USAGE
+    assert "has no run 9" in capsys.readouterr().err
+    with _db(db) as con:
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+    assert meta == {"tool": "pypto-bench-history", "schema_version": str(SCHEMA_VERSION)}
+    png = tmp_path / "ratio.png"
+    assert main(["history", "plot", "--db", str(db), "--out", str(png)]) == EXIT.OK
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_concurrent_writer_processes(tmp_path):
+    db = tmp_path / "h.db"
+    n = 12
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(FIXTURES), str(db), str(n), tag],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        for tag in ("w1", "w2")
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    ids = sorted(int(x) for out, _ in outs for x in out.split())
+    assert ids == list(range(1, 2 * n + 1))  # every report got its own run id
+    with _db(db) as con:
+        hosts = {r[0] for r in con.execute("SELECT host FROM runs")}
+        arm_rows = con.execute("SELECT count(*) FROM arms").fetchone()[0]
+    assert hosts == {f"w{w}-{i}" for w in (1, 2) for i in range(n)}
+    assert arm_rows == 2 * n * 2
+    assert _integrity(db) == "ok"
+
+
+def test_kill_9_mid_write_loses_no_committed_run(tmp_path):
+    db = tmp_path / "h.db"
+    proc = subprocess.Popen(
+        [sys.executable, str(FIXTURES), str(db), "100000", "k"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    committed = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while len(committed) < 5 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        committed.append(int(line))
+    os.kill(proc.pid, signal.SIGKILL)  # mid-stream: most likely inside a transaction
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert len(committed) == 5
+    assert _integrity(db) == "ok"
+    with _db(db) as con:
+        present = {r[0] for r in con.execute("SELECT id FROM runs")}
+        orphan_arms = con.execute(
+            "SELECT count(*) FROM arms WHERE run_id NOT IN (SELECT id FROM runs)"
+        ).fetchone()[0]
+        per_run = {r[0] for r in con.execute("SELECT count(*) FROM arms GROUP BY run_id")}
+    assert set(committed) <= present
+    assert orphan_arms == 0
+    assert per_run == {2}
+    assert record(db, make_report(graph=STEADY)) == max(present) + 1  # still writable
+
+
+def _hostile(kind: str, tmp_path: Path) -> Path:
+    path = tmp_path / "h.db"
+    if kind == "text":
+        path.write_text("id,tok_s\n1,150\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "symlink":
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        record(outside / "real.db", make_report(graph=STEADY))
+        path.symlink_to(outside / "real.db")
+    elif kind == "wrong-schema":
+        with _db(path) as con:
+            con.execute("CREATE TABLE results (x INTEGER)")
+    elif kind == "other-tool":
+        with _db(path) as con:
+            con.execute("CREATE TABLE meta (key TEXT, value TEXT)")
+            con.execute("INSERT INTO meta VALUES ('tool', 'someone-else')")
+    elif kind == "other-version":
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    elif kind == "missing-column":
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute("ALTER TABLE arms DROP COLUMN tok_s_high")
+    elif kind == "huge-row":
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute("UPDATE runs SET report = ? WHERE id = 1", ("x" * (MAX_ROW_BYTES + 1),))
+    return path
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        st = os.lstat(p)
+        body = p.read_bytes() if p.is_file() and not p.is_symlink() else b""
+        out[str(p)] = (st.st_size, st.st_mtime_ns, hash(body))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [
+        ("text", "is not an SQLite database"),
+        ("fifo", "is not a regular file"),
+        ("folder", "is not a regular file"),
+        ("symlink", "is a symbolic link"),
+        ("wrong-schema", "not a pypto-bench history (no meta table)"),
+        ("other-tool", "belongs to another tool"),
+        ("other-version", "has schema version '99'"),
+        ("missing-column", "lacks tok_s_high"),
+        ("huge-row", "holds a row of"),
+    ],
+)
+def test_hostile_history_file_one_line_nothing_changed(tmp_path, capsys, kind, needle):
+    path = _hostile(kind, tmp_path)
+    before = _snapshot(tmp_path)
+    for argv in (
+        ["history", "list", "--db", str(path)],
+        ["history", "check", "--db", str(path)],
+        # refused before the (missing) model is even looked at
+        [
+            "run",
+            "--model-path",
+            str(tmp_path / "no-model"),
+            "--device",
+            "cpu",
+            "--history",
+            str(path),
+        ],
+    ):
+        assert main(argv) == EXIT.USAGE, argv
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1, err
+        assert err[0].startswith("pypto-bench: error: history"), err
+        assert needle in err[0]
+    with pytest.raises(HistoryError, match="history"):
+        record(path, make_report(graph=STEADY))
+    assert _snapshot(tmp_path) == before
+
+
+def test_check_gates_a_ci_job_through_the_real_cli(tmp_path):
+    steady = tmp_path / "steady.db"
+    _series(
+        steady,
+        [
+            STEADY,
+            [s * 1.01 for s in STEADY],
+            [s * 0.99 for s in STEADY],
+            STEADY,
+            [s * 1.005 for s in STEADY],
+        ],
+    )
+    ok = _cli("history", "check", "--db", str(steady), "--json")
+    assert ok.returncode == EXIT.OK == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    assert not doc["regressed"]
+    assert {g["verdict"] for g in doc["groups"]} == {"ok"}
+    assert "rule: newest interval entirely below" in ok.stderr
+
+    regressed = tmp_path / "regressed.db"
+    _series(
+        regressed,
+        [
+            STEADY,
+            [s * 1.01 for s in STEADY],
+            [s * 0.99 for s in STEADY],
+            STEADY,
+            [s * 0.7 for s in STEADY],
+        ],
+    )  # graph lost 30%
+    bad = _cli("history", "check", "--db", str(regressed))
+    assert bad.returncode == EXIT.REGRESSION == 49, bad.stderr
+    assert "REGRESSION: run 5 graph decode" in bad.stderr
+    assert "OK: run 5 eager decode" in bad.stderr
+
+    short = tmp_path / "short.db"
+    _series(short, [STEADY, [s * 0.5 for s in STEADY]])  # too little history to judge
+    res = check(short)
+    assert res.exit_code == EXIT.OK
+    assert {g["verdict"] for g in res.groups} == {"insufficient history"}
+    missing = _cli("history", "check", "--db", str(tmp_path / "none.db"))
+    assert missing.returncode == EXIT.USAGE
+    assert "does not exist" in missing.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_run_records_into_history(tiny_llama, tmp_path, capsys):
+    db = tmp_path / "h.db"
+    argv = [
+        "run",
+        "--model-path",
+        str(tiny_llama),
+        "--device",
+        "cpu",
+        "--arms",
+        "eager",
+        "--warmup",
+        "0",
+        "--iters",
+        "2",
+        "--gen",
+        "4",
+        "--seq",
+        "8",
+        "--no-bandwidth",
+        "--no-progress",
+        "--history",
+        str(db),
+    ]
+    assert main(argv) == EXIT.OK
+    assert "recorded as run 1 in history" in capsys.readouterr().err
+    assert main(["history", "list", "--db", str(db), "--json"]) == EXIT.OK
+    runs = json.loads(capsys.readouterr().out)
+    assert len(runs) == 1
+    assert runs[0]["arms"][0]["arm"] == "eager"
+    assert runs[0]["arms"][0]["tok_s_median"] > 0
