@@ -273,7 +273,8 @@ def test_noise_guard_flags_a_wide_ratio_interval():
         ({"target_ci": 100.0}, "--target-ci must be a finite percentage"),
         ({"max_seconds": math.inf}, "--max-seconds must be finite and > 0"),
         ({"max_seconds": -1.0}, "--max-seconds must be finite and > 0"),
-        ({"max_iters": 2}, "--max-iters must be >= --iters (3)"),
+        ({"max_iters": 2, "target_ci": 5.0}, "--max-iters must be >= --iters (3)"),
+        ({"max_iters": 2.5}, "--max-iters must be a whole number"),
         ({"schedule": "random"}, "unknown schedule 'random'"),
     ],
 )
@@ -282,13 +283,19 @@ def test_bad_schedule_settings_are_refused(kw, needle):
         BenchConfig(model_path="/x", **kw).validate()
 
 
+def test_max_iters_bounds_only_target_ci_rounds():
+    # A long fixed run (--iters above --max-iters' default) is not refused without
+    # --target-ci: only the rounds --target-ci adds are bounded by it.
+    BenchConfig(model_path="/x", iters=3000).validate()
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
         (["--target-ci", "nan"], "--target-ci must be a finite percentage"),
         (["--target-ci=-3%"], "--target-ci must be a finite percentage"),
         (["--max-seconds", "nan"], "--max-seconds must be finite"),
-        (["--max-iters", "1"], "--max-iters must be >= --iters"),
+        (["--max-iters", "1", "--target-ci", "5"], "--max-iters must be >= --iters"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(tiny_llama, tmp_path, capsys, argv, needle):

@@ -232,7 +232,11 @@ class BenchConfig:
                     f"--target-ci must be a finite percentage in (0, 100), got {value!r}: "
                     "pass e.g. --target-ci 5"
                 )
-        if isinstance(self.max_iters, bool) or self.max_iters < self.iters:
+        if isinstance(self.max_iters, bool) or not isinstance(self.max_iters, int):
+            raise BadInputError(f"--max-iters must be a whole number (got {self.max_iters!r})")
+        # Only --target-ci adds rounds: without it --iters alone decides (a long fixed run
+        # such as --iters 3000 is not bounded by --max-iters' default).
+        if self.target_ci is not None and self.max_iters < self.iters:
             raise BadInputError(
                 f"--max-iters must be >= --iters ({self.iters}), got {self.max_iters}: it bounds "
                 "the rounds --target-ci adds"
