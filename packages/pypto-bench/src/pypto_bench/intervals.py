@@ -21,11 +21,13 @@ __all__ = [
     "CI_LEVEL",
     "METHOD",
     "RESAMPLES",
+    "UNPAIRED_METHOD",
     "Interval",
     "bootstrap_median",
     "interval",
     "paired_ratios",
     "relative_half_width",
+    "unpaired_ratio",
 ]
 
 #: The interval's coverage.
@@ -34,6 +36,11 @@ CI_LEVEL = 0.95
 RESAMPLES = 2000
 #: What the report's ``method`` field says.
 METHOD = f"percentile bootstrap of the median over rounds ({RESAMPLES} resamples, seeded)"
+#: ...and for :func:`unpaired_ratio` (two sample sets with no round to pair them by).
+UNPAIRED_METHOD = (
+    "unpaired percentile bootstrap of the ratio of medians "
+    f"(each side resampled on its own, {RESAMPLES} resamples, seeded)"
+)
 
 
 @dataclass(frozen=True)
@@ -118,3 +125,47 @@ def relative_half_width(interval: dict[str, Any] | None) -> float | None:
     if not interval or not interval.get("median"):
         return None
     return (interval["high"] - interval["low"]) / 2 / abs(interval["median"])
+
+
+def unpaired_ratio(
+    values: Sequence[float | None],
+    baseline: Sequence[float | None],
+    *,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+    level: float = CI_LEVEL,
+) -> Interval | None:
+    """median(values) / median(baseline) with a percentile-bootstrap interval, for
+    samples taken apart (two processes, two profiles): each side is resampled on its
+    own, since pairing them by index would invent rounds that never happened. ``rounds``
+    is the smaller side's count. None when either side has no finite value or the
+    baseline's median is not positive."""
+    a = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    b = [float(v) for v in baseline if v is not None and math.isfinite(float(v))]
+    if not a or not b or not statistics.median(b) > 0:
+        return None
+    median = statistics.median(a) / statistics.median(b)
+    if len(a) == 1 and len(b) == 1:
+        low = high = median
+    else:
+        rng = random.Random(seed)
+        ratios = []
+        for _ in range(resamples):
+            mb = statistics.median(rng.choices(b, k=len(b)))
+            if mb > 0:
+                ratios.append(statistics.median(rng.choices(a, k=len(a))) / mb)
+        ratios.sort()
+        alpha = (1.0 - level) / 2
+        low, high = (
+            (_percentile(ratios, alpha), _percentile(ratios, 1.0 - alpha))
+            if ratios
+            else (median, median)
+        )
+    method = (
+        UNPAIRED_METHOD
+        if resamples == RESAMPLES
+        else UNPAIRED_METHOD.replace(str(RESAMPLES), str(resamples))
+    )
+    return Interval(
+        median=median, low=low, high=high, rounds=min(len(a), len(b)), method=method, level=level
+    )

@@ -191,6 +191,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"delta {'n/a' if d is None else f'{d:+.1f}%'}",
                 file=sys.stderr,
             )
+        r = summary["ratio"]
+        print(
+            "pypto/baseline tok/s "
+            + (
+                f"{r['median']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] ({r['level']:.0%}, "
+                f"{r['method']}); {summary['schedule']['why']}"
+                if r
+                else "n/a (no timed runs)"
+            ),
+            file=sys.stderr,
+        )
         return EXIT.OK
     except KernelError as err:
         print(f"pypto-gutenocr: {err} (run with the switch off to compare)", file=sys.stderr)

@@ -25,6 +25,7 @@ import torch
 import pypto_kernels_gutenocr as kernels
 from pypto_bench import RssPeak, count_tokens, summarize_seconds, timed
 from pypto_bench import summarize as summarize_samples
+from pypto_bench.intervals import unpaired_ratio
 from pypto_capture import (
     DeviceNotAvailableError,
     InvalidDeviceSpecError,
@@ -59,6 +60,7 @@ __all__ = [
     "DEFAULT_RUNS",
     "DEFAULT_WARMUP",
     "SCHEMA_VERSION",
+    "SEQUENTIAL_WHY",
     "WARMUP_NEW_TOKENS",
     "AskError",
     "AskOptions",
@@ -76,6 +78,7 @@ __all__ = [
     "load_processor",
     "model_path_or_error",
     "plan",
+    "ratio_interval",
     "run",
     "summarize",
     "write_json",
@@ -567,7 +570,35 @@ def summarize(baseline: dict[str, Any], pypto: dict[str, Any]) -> dict[str, Any]
         "delta_pct": _delta(b, p),
         "kind": pypto["peak_memory"]["kind"],
     }
-    return {"schema_version": SCHEMA_VERSION, "metrics": rows, "pypto_kernels": pypto["kernels"]}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "metrics": rows,
+        "ratio": ratio_interval(baseline, pypto),
+        "schedule": {"order": "sequential", "why": SEQUENTIAL_WHY},
+        "pypto_kernels": pypto["kernels"],
+    }
+
+
+#: Why the two phases are not interleaved (pypto-bench's ``schedule.why``).
+SEQUENTIAL_WHY = (
+    "the baseline and pypto phases cannot share one model: each loads its own copy and "
+    "compiles it with its kernel switches (process-wide, baked into a captured graph), so "
+    "their timed runs are sequential, and the ratio's interval is unpaired"
+)
+
+
+def _run_rates(report: dict[str, Any]) -> list[float]:
+    times = report.get("generate_s_all") or []
+    tokens = report.get("tokens_all") or []
+    return [n / t for n, t in zip(tokens, times, strict=False) if t and t > 0]
+
+
+def ratio_interval(baseline: dict[str, Any], pypto: dict[str, Any]) -> dict[str, Any] | None:
+    """pypto / baseline tok/s: the ratio of the phases' median per-run rates with
+    pypto-bench's unpaired bootstrap interval (each phase resampled on its own: run i of
+    one phase has nothing to do with run i of the other). None without timed runs."""
+    got = unpaired_ratio(_run_rates(pypto), _run_rates(baseline))
+    return got.to_dict() if got is not None else None
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:

@@ -10,17 +10,79 @@ the factor between predicted and measured speedup (1.0 = exact); within
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 from typing import Any
+
+from pypto_bench.intervals import unpaired_ratio
 
 from .errors import BadInputError, NotComparableError
 from .records import Profile, not_a_profile
 from .summary import op_time
 
 __all__ = [
+    "BAND_METHOD",
+    "NO_SAMPLES",
     "compare_profiles",
     "comparison_markdown",
+    "step_noise",
 ]
+
+#: Why a comparison carries no interval.
+NO_SAMPLES = (
+    "a profile holds only the step's totals (no per-step samples, written before "
+    "step.time_us.samples existed): no interval can be formed; re-profile both"
+)
+#: How a block's or operator's delta is judged: they hold per-step means only.
+BAND_METHOD = (
+    "blocks and operators hold per-step means only: a delta inside the step time's noise "
+    "band (the interval's half-width, in us) is within noise"
+)
+
+
+def _samples(p: Profile) -> list[float]:
+    got = (p.step.get("time_us") or {}).get("samples") or []
+    return [float(v) for v in got if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _verdict(low: float, high: float) -> str:
+    """From an interval of opt/base *time*: below 1 throughout is faster."""
+    if high < 1.0:
+        return "faster"
+    if low > 1.0:
+        return "slower"
+    return "within noise"
+
+
+def step_noise(base: Profile, opt: Profile, *, seed: int = 0) -> dict[str, Any]:
+    """The step time's opt/base ratio with its interval (unpaired bootstrap of the ratio
+    of medians over the profiled steps: the two profiles ran apart, so no step pairs
+    with another) and the verdict ``faster / slower / within noise``; without samples
+    in both (or fewer than two steps in either), ``verdict`` is None and ``why`` says so."""
+    b, o = _samples(base), _samples(opt)
+    if len(b) < 2 or len(o) < 2:
+        why = NO_SAMPLES if not (b and o) else "fewer than two profiled steps: no interval"
+        return {"time_ratio": None, "verdict": None, "band_us": None, "why": why}
+    got = unpaired_ratio(o, b, seed=seed)
+    if got is None:
+        return {"time_ratio": None, "verdict": None, "band_us": None, "why": NO_SAMPLES}
+    base_med = statistics.median(b)
+    return {
+        "time_ratio": got.to_dict(),
+        "verdict": _verdict(got.low, got.high),
+        "band_us": (got.high - got.low) / 2 * base_med,
+        "band_method": BAND_METHOD,
+        "why": None,
+    }
+
+
+def _delta_verdict(delta_us: float, band_us: float | None) -> str | None:
+    if band_us is None:
+        return None
+    if abs(delta_us) <= band_us:
+        return "within noise"
+    return "faster" if delta_us < 0 else "slower"
+
 
 #: What must match for two profiles to be compared (the arm and settings may differ).
 _SAME = ("regime", "batch", "seq", "gen")
@@ -85,11 +147,18 @@ def compare_profiles(
         )
     b_us, o_us = base.step_us, opt.step_us
     speedup = b_us / o_us if o_us else None
+    noise = step_noise(base, opt)
+    band = noise["band_us"]
     blocks = {}
     for name in sorted(set(base.blocks) | set(opt.blocks)):
         bb = base.blocks.get(name, {}).get("us", 0.0)
         oo = opt.blocks.get(name, {}).get("us", 0.0)
-        blocks[name] = {"base_us": bb, "opt_us": oo, "delta_us": oo - bb}
+        blocks[name] = {
+            "base_us": bb,
+            "opt_us": oo,
+            "delta_us": oo - bb,
+            "verdict": _delta_verdict(oo - bb, band),
+        }
 
     def by_op(p: Profile) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = defaultdict(float)
@@ -109,6 +178,7 @@ def compare_profiles(
                 "base_us": before,
                 "opt_us": after,
                 "delta_us": after - before,
+                "verdict": _delta_verdict(after - before, band),
             }
         )
     ops.sort(key=lambda o: abs(float(o["delta_us"])), reverse=True)
@@ -142,6 +212,7 @@ def compare_profiles(
         "base": {"arm": base.meta.get("arm"), "step_us": b_us},
         "opt": {"arm": opt.meta.get("arm"), "step_us": o_us},
         "step_speedup": speedup,
+        "noise": noise,
         "blocks": blocks,
         "ops": ops[:top],
         "predictions": checks,
@@ -149,7 +220,21 @@ def compare_profiles(
     }
 
 
+def _noise_line(noise: dict[str, Any] | None) -> str:
+    if not noise or noise.get("verdict") is None:
+        return f"Noise: {(noise or {}).get('why') or NO_SAMPLES}"
+    r = noise["time_ratio"]
+    return (
+        f"Noise: opt/base step time {r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] "
+        f"({r['level']:.0%}, {r['method']}): **{noise['verdict']}**; blocks and operators "
+        f"within +/-{noise['band_us']:.1f} us are within noise"
+    )
+
+
 def comparison_markdown(c: dict[str, Any]) -> str:
+    def v(row: dict[str, Any]) -> str:
+        return row.get("verdict") or "no interval"
+
     lines = [
         "# pypto-tune compare",
         "",
@@ -158,15 +243,24 @@ def comparison_markdown(c: dict[str, Any]) -> str:
         if c["step_speedup"]
         else "Step: n/a",
         "",
-        "| block | base us | opt us | delta |",
-        "|---|---:|---:|---:|",
+        _noise_line(c.get("noise")),
+        "",
+        "| block | base us | opt us | delta | verdict |",
+        "|---|---:|---:|---:|---|",
     ]
     for name, b in c["blocks"].items():
-        lines.append(f"| {name} | {b['base_us']:.1f} | {b['opt_us']:.1f} | {b['delta_us']:+.1f} |")
-    lines += ["", "| operator | block | base us | opt us | delta |", "|---|---|---:|---:|---:|"]
+        lines.append(
+            f"| {name} | {b['base_us']:.1f} | {b['opt_us']:.1f} | {b['delta_us']:+.1f} | {v(b)} |"
+        )
+    lines += [
+        "",
+        "| operator | block | base us | opt us | delta | verdict |",
+        "|---|---|---:|---:|---:|---|",
+    ]
     for o in c["ops"]:
         lines.append(
-            f"| `{o['name']}` | {o['block']} | {o['base_us']:.1f} | {o['opt_us']:.1f} | {o['delta_us']:+.1f} |"
+            f"| `{o['name']}` | {o['block']} | {o['base_us']:.1f} | {o['opt_us']:.1f} "
+            f"| {o['delta_us']:+.1f} | {v(o)} |"
         )
     lines += ["", "## Predictions", ""]
     if not c["predictions"]:

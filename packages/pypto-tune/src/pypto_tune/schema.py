@@ -107,7 +107,12 @@ PROFILE_SCHEMA = _obj(
             {
                 "count": ONUM,
                 "unit": OSTR,
-                "time_us": _obj({k: ONUM for k in ("mean", "median", "min", "max", "stdev")}),
+                "time_us": _obj(
+                    {
+                        **{k: ONUM for k in ("mean", "median", "min", "max", "stdev")},
+                        "samples": _list(NUM, optional=True),
+                    }
+                ),
                 **{
                     k: ONUM
                     for k in (

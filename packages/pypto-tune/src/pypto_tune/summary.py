@@ -388,6 +388,8 @@ def summarize(
             "min": min(durations) if durations else 0.0,
             "max": max(durations) if durations else 0.0,
             "stdev": statistics.stdev(durations) if len(durations) > 1 else 0.0,
+            # Every profiled step's time: what `compare` forms its noise interval from.
+            "samples": list(durations),
         },
         "device_busy_us": busy_us,
         "host_gap_us": gap_us,
