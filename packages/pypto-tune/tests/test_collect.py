@@ -106,7 +106,10 @@ def test_captured_decode_steps_are_marked_by_pypto_capture(graph_profile):
     # gen 16 -> 15 replays per iteration, 3 iterations.
     assert graph_profile.step["count"] == 45
     assert graph_profile.meta["arm_details"]["backend"] == "compile"
-    assert {o.block for o in graph_profile.ops} == {"captured"}
+    # The captured step's kernels are attributed to their modules (test_graphmap.py);
+    # what runs outside the compiled graph (the step's own glue) stays "captured".
+    assert graph_profile.meta["attribution"]["status"] == "ok"
+    assert {"captured", "attention", "mlp"} <= {o.block for o in graph_profile.ops}
 
 
 def test_profile_with_model_yields_a_profile_filled_on_exit():

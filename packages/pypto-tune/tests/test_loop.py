@@ -72,7 +72,6 @@ def test_compare_names_unknown_applied_ids(eager_profile, graph_profile):
 def test_compare_block_and_op_diff(eager_profile, graph_profile):
     result = compare_profiles(eager_profile, graph_profile)
     assert result["blocks"]["captured"]["base_us"] == 0.0
-    assert result["blocks"]["captured"]["opt_us"] > 0
-    assert result["blocks"]["attention"]["opt_us"] == 0.0
+    assert result["blocks"]["attention"]["opt_us"] > 0  # attributed inside the graph
     assert result["ops"]
     assert all("delta_us" in o for o in result["ops"])

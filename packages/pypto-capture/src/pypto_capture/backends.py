@@ -234,10 +234,21 @@ class CompileBackend(GraphBackend):
     def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
         import torch._inductor.config as inductor_config
 
+        from .provenance import active_recorder
+
+        recorder = active_recorder()
         try:
-            compiled = torch.compile(
-                _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
-            )
+            if recorder is None:
+                compiled = torch.compile(
+                    _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
+                )
+            else:  # the same inductor compile, its kernels' provenance recorded
+                compiled = torch.compile(
+                    _fresh_function(fn),
+                    fullgraph=True,
+                    dynamic=False,
+                    backend=recorder.backend(self.mode),
+                )
             out = None
             with inductor_config.patch(freezing=self.freezing):
                 for _ in range(max(1, warmup)):  # the first call traces and compiles

@@ -104,6 +104,11 @@ def _parser() -> argparse.ArgumentParser:
         help="recommendation id(s) applied (default: those the OPT settings satisfy)",
     )
     cm.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also draw both profiles' time by block side by side (needs matplotlib)",
+    )
+    cm.add_argument(
         "--tolerance",
         type=float,
         default=2.0,
@@ -260,6 +265,10 @@ def _compare(args: argparse.Namespace) -> int:
         applied=args.applied,
         tolerance=args.tolerance,
     )
+    if args.plot:
+        from .outputs import plot_comparison
+
+        result["plot"] = str(plot_comparison(result, args.plot))
     if args.json:
         print(json.dumps(result, default=str))
     elif not args.quiet:

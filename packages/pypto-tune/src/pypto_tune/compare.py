@@ -160,6 +160,19 @@ def compare_profiles(
             "verdict": _delta_verdict(oo - bb, band),
         }
 
+    from .outputs import layer_times
+
+    lb, lo = layer_times(base), layer_times(opt)
+    layers = {
+        str(k): {
+            "base_us": lb.get(k, 0.0),
+            "opt_us": lo.get(k, 0.0),
+            "delta_us": lo.get(k, 0.0) - lb.get(k, 0.0),
+            "verdict": _delta_verdict(lo.get(k, 0.0) - lb.get(k, 0.0), band),
+        }
+        for k in sorted(set(lb) | set(lo))
+    }
+
     def by_op(p: Profile) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = defaultdict(float)
         dev = str(p.meta.get("device_type") or "cpu")
@@ -214,10 +227,24 @@ def compare_profiles(
         "step_speedup": speedup,
         "noise": noise,
         "blocks": blocks,
+        "layers": layers,
+        "attribution": {
+            "base": _attribution_status(base),
+            "opt": _attribution_status(opt),
+        },
         "ops": ops[:top],
         "predictions": checks,
         "tolerance": tolerance,
     }
+
+
+def _attribution_status(p: Profile) -> str:
+    """How a profile's operators got their blocks (a graph arm's: attributed or not)."""
+    a = p.meta.get("attribution")
+    if not isinstance(a, dict):
+        return "module scopes" if p.meta.get("arm") == "eager" else "not attributed"
+    why = " ".join(str(a.get("why")).split())[:200]
+    return "attributed" if a.get("status") == "ok" else f"not attributed ({why})"
 
 
 def _noise_line(noise: dict[str, Any] | None) -> str:
@@ -252,6 +279,25 @@ def comparison_markdown(c: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {b['base_us']:.1f} | {b['opt_us']:.1f} | {b['delta_us']:+.1f} | {v(b)} |"
         )
+    att = c.get("attribution") or {}
+    if any(str(v).startswith("not attributed") for v in att.values()):
+        lines += [
+            "",
+            f"Blocks: base {att.get('base')}, opt {att.get('opt')}: a `captured` block holds "
+            "a step whose operators have no module, so per-block deltas against it are not "
+            "like for like.",
+        ]
+    if c.get("layers"):
+        lines += [
+            "",
+            "| layer | base us | opt us | delta | verdict |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for name, b in c["layers"].items():
+            lines.append(
+                f"| {name} | {b['base_us']:.1f} | {b['opt_us']:.1f} | {b['delta_us']:+.1f} "
+                f"| {v(b)} |"
+            )
     lines += [
         "",
         "| operator | block | base us | opt us | delta | verdict |",

@@ -51,6 +51,7 @@ class Thresholds:
     matmul_min_share: float = 0.02  # ...and holding at least this share of the step
     launch_bound_calls: float = 3.0  # a matmul call under this many empty-op launches is skipped
     attention_memory_bound: float = 0.70  # share of attention time explained by bytes/bw
+    attention_min_share: float = 0.10  # ...when attention holds at least this share of the step
     norm_share: float = 0.10  # norm modules' share of the step (inclusive, host included)
     small_op_us: float = 10.0  # ...made of operators shorter than this per call
     host_gap_share: float = 0.30  # device idle share of the step
@@ -221,6 +222,10 @@ def detect_attention_memory_bound(p: Profile, th: Thresholds) -> list[dict[str, 
     explained = (moved / bw) * 1e6 / t
     if explained < th.attention_memory_bound:
         return []
+    if t / p.step_us < th.attention_min_share:
+        # A fused attention kernel can only save what attention takes: in a captured step
+        # whose attention is a sliver (its own breakdown says so), it is not the next fix.
+        return []
     return [
         _finding(
             "attention_memory_bound",
@@ -228,7 +233,10 @@ def detect_attention_memory_bound(p: Profile, th: Thresholds) -> list[dict[str, 
             share=t / p.step_us,
             fix_factor=None,
             evidence={"attention_us_per_step": t, "bytes_per_step": moved, "explained": explained},
-            threshold={"attention_memory_bound": th.attention_memory_bound},
+            threshold={
+                "attention_memory_bound": th.attention_memory_bound,
+                "attention_min_share": th.attention_min_share,
+            },
             fix="fused_attention",
         )
     ]
@@ -297,7 +305,9 @@ def detect_norm_launch_overhead(p: Profile, th: Thresholds) -> list[dict[str, An
     """Norm modules taking ``norm_share`` of the step (inclusive: host glue counted) while
     built from small operators (mean self time per call under ``small_op_us``): their time
     is launches, which a fused norm kernel (one launch per call) or capture removes."""
-    if not p.step_us:
+    if not p.step_us or p.meta.get("arm") in ("graph", "pypto+graph", "hf-compile"):
+        # A captured step launches one fused kernel per norm (its modules rebuilt from
+        # provenance): there are no per-operator launches to remove.
         return []
     norms = [c for c in p.call_graph if c["block"] == "norm"]
     # Count only outermost norm modules (a norm inside a norm would count twice).

@@ -9,6 +9,7 @@ same device in the same process, right after the profiled iterations.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import platform
@@ -25,13 +26,14 @@ from .collect import (
 )
 from .collect import profile as raw_profile
 from .errors import BadInputError, EnvironmentMissingError, ProfileFailedError, TuneError
-from .records import Profile
+from .records import Profile, RawTrace
 from .summary import summarize
 
 __all__ = [
     "ProgressFn",
     "counter_delta",
     "dynamo_counters",
+    "graph_attribution",
     "kernel_plugins_for",
     "measure_launch_overhead",
     "measure_peaks",
@@ -216,6 +218,7 @@ def profile_step(
     meta: dict[str, Any] | None = None,
     output_dir: str | None = None,
     progress: ProgressFn | None = None,
+    attribution: Callable[[RawTrace], tuple[dict[str, str], dict[str, Any]]] | None = None,
 ) -> Profile:
     """Profile any step function: warm it up, profile ``iters`` calls, measure peaks.
 
@@ -225,6 +228,8 @@ def profile_step(
     ``step`` is one step unless the step marks its own (a captured decode loop does).
     ``kv_shapes`` (batch, heads, kv_heads, head_dim, context) lets the KV-layout
     detector confirm a suspect layout with a microbenchmark at those shapes.
+    ``attribution`` (a captured step's: :func:`graph_attribution`) gives the step's
+    kernels their modules before the summary; its report is ``meta["attribution"]``.
     """
     import torch
 
@@ -296,6 +301,11 @@ def profile_step(
         say("measuring peaks (matmul, bandwidth)")
         measured = measure_peaks(dev, dtype)
     assert got.trace is not None
+    classes = scopes.classes if scopes is not None else None
+    attributed: dict[str, Any] | None = None
+    if attribution is not None:
+        say("attributing the captured step's kernels to modules")
+        classes, attributed = attribution(got.trace)
     full_meta = {
         "regime": regime,
         "level": level,
@@ -314,6 +324,8 @@ def profile_step(
         "profiler_output": str(got.output_dir) if got.output_dir is not None else None,
     }
     full_meta["stacks"] = level == "detail" and stacks_dropped is None
+    if attributed is not None:
+        full_meta["attribution"] = attributed
     full_meta.update(meta or {})
     valid = [m for m in samples if m is not None]
     memory = {
@@ -326,7 +338,7 @@ def profile_step(
         regime=regime,
         meta=full_meta,
         peaks=measured,
-        classes=scopes.classes if scopes is not None else None,
+        classes=classes,
         counters=counters,
         memory=memory,
     )
@@ -335,6 +347,11 @@ def profile_step(
             "Python stacks were not recorded: torch.profiler failed to collect them "
             f"({stacks_dropped}); the step was profiled again without stacks, every other "
             "detail figure is complete"
+        )
+    if attributed is not None and attributed.get("status") != "ok":
+        prof.warnings.append(
+            f"the captured step is one block: its kernels were not attributed to modules "
+            f"({attributed.get('why')})"
         )
     if model is None:
         for op in prof.ops:
@@ -363,6 +380,47 @@ def profile_step(
     return prof
 
 
+#: Arms whose step pypto-capture compiles or captures (hf-compile is transformers' own).
+CAPTURED_ARMS = ("graph", "pypto+graph")
+
+
+def graph_attribution(
+    recorder: Any, model: Any
+) -> Callable[[RawTrace], tuple[dict[str, str], dict[str, Any]]]:
+    """The ``attribution`` for :func:`profile_step` of a step compiled under
+    ``pypto_capture.provenance.recording()`` (``recorder``) from ``model``."""
+    from .graphmap import attribute_captured, mark_graph_wrappers, reference_from_provenance
+
+    def attribute(trace: RawTrace) -> tuple[dict[str, str], dict[str, Any]]:
+        started = time.perf_counter()
+        classes: dict[str, str] = {}
+        if recorder.compile_s > 0:  # compiled here: every kernel has its profiler range
+            mark_graph_wrappers(trace)
+        if recorder.unavailable is not None:
+            report: dict[str, Any] = {"status": "fallback", "why": recorder.unavailable}
+        elif not recorder.graphs:
+            why = "; ".join(recorder.errors) or (
+                "no graph was compiled while recording (a device-graph backend replays the "
+                "eager step: its kernel sequence is not recorded here)"
+            )
+            report = {"status": "fallback", "why": why}
+        else:
+            refs = [reference_from_provenance(g, model) for g in recorder.graphs]
+            report = attribute_captured(trace, refs, classes=classes)
+        report["cost"] = {
+            "compile_s": round(recorder.compile_s, 3),
+            "match_s": round(time.perf_counter() - started, 4),
+            "note": (
+                "outside the profiled steps: the step was compiled once more with provenance "
+                "tracking and without the FX graph cache (compile_s); each profiled kernel "
+                "runs inside one profiler range"
+            ),
+        }
+        return classes, report
+
+    return attribute
+
+
 def profile_model(
     config: Any,
     *,
@@ -376,9 +434,11 @@ def profile_model(
 ) -> Profile:
     """Profile ``iters`` bench iterations of ``arm`` under ``config`` (a ``BenchConfig``).
 
-    Module scopes (attribution) are attached for the eager arm only: capture fuses a
-    graph arm's operators, which are reported as the ``captured`` block (and the hooks
-    would be traced into the graph). Raises ``BadInputError`` /
+    Module scopes are attached for the eager arm only (the hooks would be traced into
+    a graph). A graph arm's step is compiled under provenance recording and its kernels
+    are attributed to modules from what inductor recorded (:mod:`.graphmap`); what
+    cannot be attributed is the ``captured`` block, and ``meta["attribution"]`` says how
+    much that is and why. Raises ``BadInputError`` /
     ``EnvironmentMissingError`` for bad requests and ``ProfileFailedError`` when the
     step itself raises.
     """
@@ -394,8 +454,12 @@ def profile_model(
         raise _bench_error(err) from err
     cfg = session.config
     say(f"{arm}: building the step")
+    from pypto_capture.provenance import recording
+
     try:
-        with session.iteration(arm) as once:
+        with contextlib.ExitStack() as stack:
+            recorder = stack.enter_context(recording()) if arm in CAPTURED_ARMS else None
+            once = stack.enter_context(session.iteration(arm))
             prof = profile_step(
                 once,
                 device=session.device,
@@ -411,6 +475,9 @@ def profile_model(
                 meta={"arm": arm},
                 output_dir=output_dir,
                 progress=lambda m: say(f"{arm}: {m}"),
+                attribution=(
+                    graph_attribution(recorder, session.model) if recorder is not None else None
+                ),
             )
             details = dict(getattr(session, "details", {}))
     except TuneError:

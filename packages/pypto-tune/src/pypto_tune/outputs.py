@@ -28,8 +28,10 @@ from .schema import SchemaError, validate_profile
 __all__ = [
     "MAX_PROFILE_BYTES",
     "chrome_trace",
+    "layer_times",
     "load_profile",
     "plot_blocks",
+    "plot_comparison",
     "to_markdown",
     "write_chrome_trace",
     "write_outputs",
@@ -157,6 +159,15 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     lines += ["", "## Time by block", "", "| block | per step | share |", "|---|---:|---:|"]
     for name, b in sorted(p.blocks.items(), key=lambda kv: -kv[1]["us"]):
         lines.append(f"| {name} | {_us(b['us'])} | {b['share']:.1%} |")
+    layers = layer_times(p)
+    if layers:
+        lines += ["", "## Time by layer", "", "| layer | per step | share |", "|---|---:|---:|"]
+        step = p.step_us
+        for layer, us in sorted(layers.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"| {layer} | {_us(us)} | {us / step if step else 0:.1%} |")
+    attribution = m.get("attribution")
+    if isinstance(attribution, dict):
+        lines += ["", "## Inside the captured step", "", _attribution_line(attribution)]
     lines += [
         "",
         f"## Top {top} operators",
@@ -199,6 +210,46 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     for w in p.warnings:
         lines.append(f"\nWarning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def layer_times(p: Profile) -> dict[int, float]:
+    """Per-step time of each decoder layer (operators attributed to a layer index)."""
+    from .summary import op_time
+
+    dev = str(p.meta.get("device_type") or "cpu")
+    out: dict[int, float] = {}
+    for op in p.ops:
+        if isinstance(op.layer, int):
+            out[op.layer] = out.get(op.layer, 0.0) + op_time(op, dev)
+    return out
+
+
+def _attribution_line(a: dict[str, Any]) -> str:
+    """One paragraph on how the captured step was attributed (read from a file too:
+    every value is checked, every text clipped)."""
+    cost = a.get("cost") if isinstance(a.get("cost"), dict) else {}
+    compile_s = cost.get("compile_s")
+    spent = (
+        f"; the attribution pass took {compile_s:.1f} s of compiling, outside the profiled steps"
+        if isinstance(compile_s, (int, float)) and math.isfinite(compile_s)
+        else ""
+    )
+    if a.get("status") != "ok":
+        return (
+            f"Not attributed: {_clip(str(a.get('why')))}. The captured step is one "
+            f"`captured` block{spent}."
+        )
+
+    def n(key: str) -> str:
+        v = a.get(key)
+        return str(v) if isinstance(v, int) else "?"
+
+    return (
+        f"Every kernel of the captured step attributed from {_clip(str(a.get('source')), 20)} "
+        f"provenance: {n('kernels_matched')} kernels over {n('calls')} graph calls, "
+        f"{n('fused_across')} fused across modules (split: {_clip(str(a.get('split_rule')), 400)}); "
+        f"what is left in `captured` ran outside the compiled graph{spent}."
+    )
 
 
 def chrome_trace(p: Profile) -> dict[str, Any]:
@@ -246,6 +297,9 @@ def chrome_trace(p: Profile) -> dict[str, Any]:
             args["shapes"] = e.shapes
         if e.core:
             args["core"] = e.core
+        if e.extra.get("fused_across"):
+            args["fused_across"] = e.extra["fused_across"]
+            args["share"] = e.extra.get("share")
         events.append(
             {
                 "ph": "X",
@@ -285,6 +339,37 @@ def plot_blocks(p: Profile, path: str | Path) -> Path:
     ax.set_xlabel("ms per step")
     m = p.meta
     ax.set_title(f"{(m.get('model') or {}).get('class', '')} {m.get('regime')} / {m.get('arm')}")
+    fig.tight_layout()
+    try:
+        return _write(Path(path), "plot", lambda fh: fig.savefig(fh, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def plot_comparison(c: dict[str, Any], path: str | Path) -> Path:
+    """Time by block of two profiles side by side (``compare_profiles``'s result): e.g.
+    eager and graph, so what capture saved and what it left stand next to each other."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EnvironmentMissingError(
+            "plotting needs matplotlib: pip install 'pypto-tune[plot]'"
+        ) from None
+    items = sorted(c["blocks"].items(), key=lambda kv: max(kv[1]["base_us"], kv[1]["opt_us"]))
+    names = [k for k, _ in items]
+    ys = range(len(items))
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * len(items) + 1.8))
+    h = 0.4
+    base, opt = c["base"].get("arm") or "base", c["opt"].get("arm") or "opt"
+    ax.barh([y + h / 2 for y in ys], [v["base_us"] / 1000 for _, v in items], h, label=base)
+    ax.barh([y - h / 2 for y in ys], [v["opt_us"] / 1000 for _, v in items], h, label=opt)
+    ax.set_yticks(list(ys), names)
+    ax.set_xlabel("ms per step")
+    ax.set_title(f"time by block: {base} vs {opt}")
+    ax.legend()
     fig.tight_layout()
     try:
         return _write(Path(path), "plot", lambda fh: fig.savefig(fh, format="png"))

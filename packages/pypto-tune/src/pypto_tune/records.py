@@ -30,8 +30,10 @@ __all__ = [
     "not_a_profile",
 ]
 
-#: Version of the profile JSON; readers refuse a newer major version.
-SCHEMA_VERSION = "1.0"
+#: Version of the profile JSON; readers refuse a newer major version. 1.1: a graph
+#: arm's operators carry their modules (``meta.attribution`` says how), operators of
+#: kind ``host``.
+SCHEMA_VERSION = "1.1"
 SCHEMA_NAME = "pypto-tune.profile"
 
 #: What a module does, for the time breakdown; "captured" is a fused graph whose
@@ -72,7 +74,9 @@ class OpEvent:
     dur_us: float
     self_us: float | None = None
     device_us: float | None = None
-    kind: str = "op"  # "op" | "kernel" | "sync"
+    # "op" | "kernel" | "sync" | "host" (host-side glue, not computation: a compiled
+    # graph's wrapper code between its kernels once every kernel has its own range)
+    kind: str = "op"
     thread: int = 0
     shapes: list[Any] | None = None
     dtypes: list[Any] | None = None

@@ -91,6 +91,18 @@ PROFILE_SCHEMA = _obj(
                     optional=True,
                 ),
                 "model_shapes": _dict(INT, optional=True),
+                # How a graph arm's operators got their modules (schema 1.1).
+                "attribution": _obj(
+                    {
+                        "status": OSTR,
+                        "why": OSTR,
+                        "source": OSTR,
+                        "calls": OINT,
+                        "kernels_matched": OINT,
+                        "fused_across": OINT,
+                    },
+                    optional=True,
+                ),
                 "thresholds": _dict(NUM, optional=True),
                 "command_line": _list(STR, optional=True),
             }

@@ -101,7 +101,8 @@ def attribute(trace: RawTrace) -> None:
     for span in trace.modules:
         by_thread[span.thread].append(span)
     for spans in by_thread.values():
-        spans.sort(key=lambda s: (s.start_us, -s.end_us))
+        # Ties (ranges rebuilt around the same kernels) put the parent first.
+        spans.sort(key=lambda s: (s.start_us, -s.end_us, s.name.count(".")))
     for thread, spans in by_thread.items():
         events = sorted(
             (e for e in trace.events if e.thread == thread and e.module is None),
@@ -246,7 +247,7 @@ def op_time(op: OpStat, device_type: str) -> float:
     """The time an operator occupies the device per step (CPU: its own compute; the
     wrappers torch.compile records around a compiled call are host time, 0 here)."""
     if device_type == "cpu":
-        return 0.0 if op.name in HOST_OVERHEAD_OPS else op.self_us
+        return 0.0 if op.name in HOST_OVERHEAD_OPS or op.kind == "host" else op.self_us
     return op.device_us
 
 
@@ -328,7 +329,9 @@ def summarize(
                 "core": ev.core,
             },
         )
-        a["calls"] += 1
+        # A kernel fused across modules is split into one event per module: each part
+        # counts as its share of one call.
+        a["calls"] += float(ev.extra.get("share", 1.0))
         a["host"] += ev.dur_us if ev.kind != "kernel" else 0.0
         a["self"] += ev.self_us if ev.self_us is not None else ev.dur_us
         a["device"] += ev.device_us or 0.0
