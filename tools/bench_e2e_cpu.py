@@ -167,6 +167,23 @@ def _markdown(rows: list[dict], env: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tool_models(work: Path, *, big: bool, gens: tuple[int, int]) -> list[tuple[str, Path, int]]:
+    """The tools' two models as folders under ``work`` (made once): the tiny llama and,
+    with ``big``, the 0.5B-class qwen2; ``(name, folder, gen)`` with ``gens`` per model."""
+    from pypto_testing.models import make_tiny_model
+
+    models = [("tiny llama (2 x 64)", work / "tiny", {"arch": "llama"}, gens[0])]
+    if big:
+        shape = {"arch": "qwen2", **QWEN05_SHAPE}
+        models.append(("0.5B-class qwen2 (24 x 896)", work / "qwen05b", shape, gens[1]))
+    out = []
+    for name, path, kw, gen in models:
+        if not (path / "config.json").exists():
+            make_tiny_model(path, kw.pop("arch"), **kw)
+        out.append((name, path, gen))
+    return out
+
+
 def write_section(text: str, section: str = SECTION, doc: Path = DOC) -> None:
     """Replace ``section`` (heading to the next ``## ``) in ``doc``, or append it.
 

@@ -29,11 +29,10 @@ from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## pypto-tune"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_e2e_cpu import QWEN05_SHAPE  # noqa: E402  (the one 0.5B-class shape of the tools)
+from bench_e2e_cpu import tool_models, write_section  # noqa: E402  (the tools share the models and the doc writer)
 
 
 def _config(path: Path, gen: int):
@@ -157,19 +156,6 @@ def _markdown(rows: list[dict], rounds: int, argv: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _write(text: str) -> None:
-    doc = DOC.read_text()
-    if SECTION in doc:
-        start = doc.index(SECTION)
-        rest = doc[start + len(SECTION) :]
-        nxt = rest.find("\n## ")
-        end = start + len(SECTION) + (nxt + 1 if nxt >= 0 else len(rest))
-        doc = doc[:start] + text + ("\n" if nxt >= 0 else "") + doc[end:]
-    else:
-        doc = doc.rstrip() + "\n\n" + text
-    DOC.write_text(doc)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default=None)
@@ -177,20 +163,11 @@ def main() -> int:
     ap.add_argument("--skip-05b", action="store_true")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = ap.parse_args()
-    from pypto_testing.models import make_tiny_model
-
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-tune-"))
     work.mkdir(parents=True, exist_ok=True)
-    models = [("tiny llama (2 x 64)", work / "tiny", {"arch": "llama"}, 32)]
-    if not args.skip_05b:
-        models.append(
-            ("0.5B-class qwen2 (24 x 896)", work / "qwen05b", {"arch": "qwen2", **QWEN05_SHAPE}, 16)
-        )
+    models = tool_models(work, big=not args.skip_05b, gens=(32, 16))
     rows = []
-    for name, path, kw, gen in models:
-        if not (path / "config.json").exists():
-            arch = kw.pop("arch")
-            make_tiny_model(path, arch, **kw)
+    for name, path, gen in models:
         # The loop first: after the overhead rounds (many profiler sessions in this
         # process) the first compiled step was seen to cost ~6 ms in the compiled region's
         # own time (0.25 ms in a fresh process); not understood, so kept out of the loop.
@@ -213,7 +190,7 @@ def main() -> int:
     text = _markdown(rows, args.rounds, argv)
     print(text, file=sys.stderr)
     if args.write:
-        _write(text)
+        write_section(text, SECTION)
     return 0
 
 

@@ -16,6 +16,7 @@ from pypto_capture.provenance import (
     module_path,
     profiler_key,
     provenance_support,
+    recorded_names,
     recording,
 )
 
@@ -162,3 +163,78 @@ def test_a_malformed_mapping_yields_kernels_without_modules_never_an_error(mappi
     assert isinstance(g, GraphProvenance)
     for k in g.kernels:
         assert sum(s for _, s in k.modules) == pytest.approx(1.0)
+
+
+def test_a_device_graph_stage_runs_the_reference_once_before_capturing():
+    """The fused backend's graph stage (a stand-in here: CPU has no device graphs) hands
+    the compiled step to the recorder's reference run first; a failing reference run is
+    kept as an error and never breaks the capture."""
+    from pypto_capture import EagerBackend, FusedBackend
+
+    net = _Net().eval()
+    x = torch.randn(2, 32)
+    seen: list[object] = []
+
+    def reference(fn):
+        seen.append(fn())
+        return "sequence"
+
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        want = net(x)
+        with recording(reference) as rec:
+            step = FusedBackend(cpu, graph_stage=EagerBackend(cpu)).capture(lambda: net(x))
+        assert rec.references == ["sequence"]
+        assert len(seen) == 1
+        torch.testing.assert_close(seen[0], want)
+        torch.testing.assert_close(step.replay(), want)
+
+        def broken(fn):
+            raise RuntimeError("profiler unavailable")
+
+        with recording(broken) as rec:
+            step = FusedBackend(cpu, graph_stage=EagerBackend(cpu)).capture(lambda: net(x))
+        assert rec.references == []
+        assert "profiler unavailable" in rec.errors[0]
+        torch.testing.assert_close(step.replay(), want)
+
+
+def test_a_gemm_template_is_keyed_by_the_range_it_records_and_charged_to_its_matmul():
+    """Inductor's C++ GEMM template (max-autotune's CPU choice on large weights) records
+    its micro-kernel's name in the profiler, not its own: the recorded key is read from
+    the output code, and the kernel, which fuses the next norm as its prologue, is the
+    projection's (forced to the template here so the test does not autotune)."""
+    import torch._inductor.config as inductor_config
+
+    net = _Net().eval()
+    x = torch.randn(1, 32)
+    with torch.no_grad(), inductor_config.patch(max_autotune_gemm_backends="CPP"):
+        with recording() as rec:
+            backend = CompileBackend(torch.device("cpu"), mode="max-autotune-no-cudagraphs")
+            step = backend.capture(lambda: net(x), warmup=1)
+        with torch.profiler.profile() as prof:
+            step.replay()
+    kernels = rec.graphs[0].kernels
+    templates = [k for k in kernels if k.key != profiler_key(k.kernel)]
+    assert templates, [(k.kernel, k.key) for k in kernels]
+    assert all(k.key.startswith("gemm_") for k in templates)
+    assert [k.modules for k in templates] == [(("layers.0.proj", 1.0),), (("layers.1.proj", 1.0),)]
+    recorded = [profiler_key(e.name) for e in prof.events() if e.name.startswith("graph_")]
+    assert recorded == [k.key for k in kernels if "::" not in k.key]
+
+
+def test_recorded_names_reads_only_what_the_code_defines():
+    code = (
+        "cpp_fused_a_0 = async_compile.cpp_pybinding(['float*'], r'''\n"
+        "    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_0_cpp_fused_a_0_"
+        '("graph_0_cpp_fused_a_0", nullptr);\n'
+        "''')\n"
+        "cpp_fused_b_1 = async_compile.cpp_pybinding(['float*'], r'''\n"
+        "    torch::aot_inductor::RAIIAtenRecordFunctionHandle record_graph_0_gemm_m1_kernel_"
+        '("graph_0_gemm_m1_kernel", nullptr);\n'
+        "''')\n"
+        "cpp_fused_c_2 = async_compile.cpp_pybinding(['float*'], r'''\n    no range here\n''')\n"
+    )
+    assert recorded_names(code) == {"cpp_fused_b_1": "gemm_m1_kernel"}
+    assert recorded_names("") == {}
+    assert recorded_names("x = async_compile.cpp_pybinding(" + '"' * 10000) == {}

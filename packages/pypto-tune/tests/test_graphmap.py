@@ -418,3 +418,34 @@ def test_the_attention_kernel_is_advised_only_where_attention_holds_the_step():
     assert not any(r["id"] == "fused_attention" for r in graph.recommendations)
     lower = Thresholds(attention_min_share=0.01)
     assert "attention_memory_bound" in {f["id"] for f in diagnose(graph, lower)}
+
+
+def test_a_cuda_reference_comes_from_the_kernels_each_operator_launched():
+    """torch.profiler on CUDA lists each operator's kernels (``extra["kernels"]``, what
+    collect keeps): the reference is that list in order, under the operator's module."""
+    ops = [
+        OpEvent("aten::mm", 10.0, 5.0, thread=1, module="model.layers.0.mlp.up_proj",
+                extra={"kernels": ["ampere_sgemm_64x32_tn"]}),
+        OpEvent("triton_poi_fused_mul_silu_0", 20.0, 3.0, thread=1, module="model.layers.0.mlp",
+                extra={"kernels": ["triton_poi_fused_mul_silu_0"]}),
+        OpEvent("aten::cat", 30.0, 2.0, thread=1, module=None,
+                extra={"kernels": ["CatArrayBatchedCopy", "CatArrayBatchedCopy"]}),
+    ]  # fmt: skip
+    ref = reference_from_trace(RawTrace(ops, [], [], "cuda", "torch.profiler"))
+    assert ref.keys == (
+        "ampere_sgemm_64x32_tn",
+        "triton_poi_fused_mul_silu_0",
+        "CatArrayBatchedCopy",
+        "CatArrayBatchedCopy",
+    )
+    assert [m[0][0] for _, m in ref.kernels] == [
+        "model.layers.0.mlp.up_proj",
+        "model.layers.0.mlp",
+        ROOT_SCOPE,
+        ROOT_SCOPE,
+    ]
+    replay = RawTrace(
+        [_kernel(k, 100.0 + 10 * i) for i, k in enumerate(ref.keys)], [], [], "cuda", "x"
+    )
+    assert attribute_captured(replay, [ref])["status"] == "ok"
+    assert replay.events[1].module == "model.layers.0.mlp"

@@ -155,6 +155,7 @@ class DeviceGraphBackend(GraphBackend):
                     fn()
             main.wait_stream(side)
             synchronize(dev)
+            _before_capture(fn)
             graph = new_graph(dev, pool=self._pool)
             with graph_capture(graph, dev, side, pool=self._pool):
                 out = fn()
@@ -166,6 +167,16 @@ class DeviceGraphBackend(GraphBackend):
         except Exception as err:  # capture errors come as RuntimeError with ACL/CUDA codes
             raise self._fail(err) from err
         return _DeviceGraphStep(graph, out)
+
+
+def _before_capture(fn: Callable[[], Any]) -> None:
+    """Let an active provenance recorder run the step once, not captured, to record the
+    kernel sequence the capture will replay (``pypto_capture.provenance``)."""
+    from .provenance import active_recorder
+
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.before_capture(fn)
 
 
 class _CompiledStep(CapturedStep):
@@ -330,6 +341,8 @@ class FusedBackend(GraphBackend):
         # The compiled step was traced and warmed by the compile stage; the graph stage
         # warms it once more on its side stream and records its kernels.
         assert isinstance(compiled, _CompiledStep)
+        if not isinstance(self._graph, DeviceGraphBackend):  # a stand-in stage (CPU tests)
+            _before_capture(compiled.compiled)
         return self._graph.capture(compiled.compiled, warmup=1)
 
     def _capture_npu(self, fn: Callable[[], Any], warmup: int) -> CapturedStep:

@@ -47,6 +47,7 @@ __all__ = [
     "module_path",
     "profiler_key",
     "provenance_support",
+    "recorded_names",
     "recording",
 ]
 
@@ -57,7 +58,8 @@ SPLIT_RULE = (
     "a kernel fused across modules is charged to each module in proportion to the number "
     "of its source operations (dynamo graph nodes) that ran in that module, and marked "
     "fused_across; an extern kernel (a library call such as a matmul or SDPA) is charged to "
-    "the node that calls it, not to the nodes fused into its inputs"
+    "the node that calls it, not to the nodes fused into its inputs; a GEMM template with "
+    "fused prologue / epilogue is charged to its matmul's module"
 )
 _ARTIFACT = "inductor_provenance_tracking_node_mappings"
 _ACTIVE: contextvars.ContextVar[ProvenanceRecorder | None] = contextvars.ContextVar(
@@ -177,10 +179,16 @@ class _Artifacts(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.mappings: list[dict[str, Any]] = []
+        self.code: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, "metadata", None)
         if not isinstance(meta, dict):
+            return
+        if "inductor_output_code" in meta:
+            payload = getattr(record, "payload", None)
+            if isinstance(payload, str):
+                self.code.append(payload)
             return
         art = meta.get("artifact")
         if not (isinstance(art, dict) and art.get("name") == _ARTIFACT):
@@ -200,6 +208,32 @@ def _code_to_post(mapping: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
+#: Post-grad node names (inductor names a node after its operator) of matmul / attention.
+_HEAVY = re.compile(
+    r"(?:addmm|mm|bmm|baddbmm|_mkl_linear|_linear_pointwise|convolution|"
+    r"_scaled_dot_product\w*?|_flash_attention\w*?|_efficient_attention\w*?)(?:_\d+)?"
+)
+_DEFINITION = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
+_RECORDED = re.compile(r'RAIIAtenRecordFunctionHandle\s+\w+\("([^"]+)"')
+
+
+def recorded_names(code: str) -> dict[str, str]:
+    """Kernel -> the profiler range its generated source opens, where that differs from
+    its own name: a C++ GEMM template (``cpp_fused_addmm_1``) records its micro-kernel's
+    name (``graph_0_gemm_m1n896k896_kernel``). Read from inductor's output code."""
+    out: dict[str, str] = {}
+    spans = [(m.group(1), m.start(), m.end()) for m in _DEFINITION.finditer(code)]
+    for i, (name, _, start) in enumerate(spans):
+        end = spans[i + 1][1] if i + 1 < len(spans) else len(code)
+        m = _RECORDED.search(code, start, end)
+        if m is None:
+            continue
+        key = profiler_key(m.group(1))
+        if key != name:
+            out[name] = key
+    return out
+
+
 def _extern_op(kernel: str) -> str | None:
     """The operator an extern kernel calls (``torch.ops.mkl._mkl_linear.default`` ->
     ``_mkl_linear``); None for generated kernels."""
@@ -207,8 +241,11 @@ def _extern_op(kernel: str) -> str | None:
     return key.split("::", 1)[1] if "::" in key else None
 
 
-def build_graph(gm: Any, mapping: dict[str, Any]) -> GraphProvenance:
-    """:class:`GraphProvenance` from the dynamo graph and inductor's provenance mapping."""
+def build_graph(
+    gm: Any, mapping: dict[str, Any], aliases: dict[str, str] | None = None
+) -> GraphProvenance:
+    """:class:`GraphProvenance` from the dynamo graph and inductor's provenance mapping
+    (``aliases``: :func:`recorded_names` of the graph's output code)."""
     by_name: dict[str, tuple[str, str] | None] = {}
     for node in gm.graph.nodes:
         by_name[node.name] = _innermost(node)
@@ -226,7 +263,15 @@ def build_graph(gm: Any, mapping: dict[str, Any]) -> GraphProvenance:
     for kernel, posts in sorted(code.items(), key=handle):
         name = _HANDLE.sub("", kernel)
         op = _extern_op(name)
-        if op is not None:
+        if name in (aliases or {}):
+            # A GEMM template with its prologue / epilogue fused in: the matmul is the
+            # work (O(MNK) against their O(MN)), so its module is charged.
+            # Its origins reach back through its inputs to earlier matmuls: the ones no
+            # earlier kernel computed are its own.
+            heavy = [p for p in posts if _HEAVY.fullmatch(p) and p not in claimed]
+            claimed.update(heavy)
+            posts = heavy or posts
+        elif op is not None:
             # An extern kernel's recorded origins can include the nodes that feed it (and
             # earlier calls of the same operator): it is the first node of its own
             # operator that no earlier kernel called.
@@ -250,9 +295,8 @@ def build_graph(gm: Any, mapping: dict[str, Any]) -> GraphProvenance:
             counts[path] = counts.get(path, 0) + 1
         total = sum(counts.values())
         modules = tuple((p, c / total) for p, c in counts.items()) if total else (("", 1.0),)
-        kernels.append(
-            KernelSource(kernel=name, key=profiler_key(name), modules=modules, nodes=len(pres))
-        )
+        key = (aliases or {}).get(name) or profiler_key(name)
+        kernels.append(KernelSource(kernel=name, key=key, modules=modules, nodes=len(pres)))
     return GraphProvenance(kernels=kernels, classes=classes)
 
 
@@ -264,11 +308,30 @@ class ProvenanceRecorder:
     step itself runs the same kernels, each inside one profiler range).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reference: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self.graphs: list[GraphProvenance] = []
         self.compile_s = 0.0
         self.unavailable: str | None = provenance_support()
         self.errors: list[str] = []
+        #: Called with the step just before a device graph captures it (after warmup):
+        #: a profiler runs it once there to record the kernel sequence the replays will
+        #: run, each kernel with its module (the replay itself shows only kernel names).
+        self.reference = reference
+        self.references: list[Any] = []
+
+    def before_capture(self, fn: Callable[[], Any]) -> None:
+        """Run ``reference`` on a step about to be captured; what it returns is kept in
+        ``references`` (a failure is kept in ``errors``: recording never breaks a capture)."""
+        if self.reference is None:
+            return
+        try:
+            got = self.reference(fn)
+        except Exception as err:
+            self.errors.append(f"reference run failed: {type(err).__name__}: {err}")
+            log.warning("reference run before capture failed: %s", err)
+            return
+        if got is not None:
+            self.references.append(got)
 
     def backend(self, mode: str | None) -> Callable[..., Any]:
         """A ``torch.compile`` backend: inductor with ``mode``'s options, recorded."""
@@ -295,7 +358,8 @@ class ProvenanceRecorder:
             if self.unavailable is None:
                 try:
                     mapping = handler.mappings[-1] if handler.mappings else {}
-                    graph = build_graph(gm, mapping)
+                    aliases = recorded_names(handler.code[-1]) if handler.code else {}
+                    graph = build_graph(gm, mapping, aliases)
                     if not graph.kernels:
                         self.errors.append("inductor recorded no kernel provenance for a graph")
                     self.graphs.append(graph)
@@ -313,9 +377,13 @@ def active_recorder() -> ProvenanceRecorder | None:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[ProvenanceRecorder]:
-    """Record the provenance of every graph the compile backends compile inside."""
-    rec = ProvenanceRecorder()
+def recording(
+    reference: Callable[[Callable[[], Any]], Any] | None = None,
+) -> Iterator[ProvenanceRecorder]:
+    """Record the provenance of every graph the compile backends compile inside, and
+    (with ``reference``) what ``reference(step)`` returns for each step a device graph is
+    about to capture."""
+    rec = ProvenanceRecorder(reference)
     token = _ACTIVE.set(rec)
     try:
         yield rec

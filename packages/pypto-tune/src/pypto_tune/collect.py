@@ -262,7 +262,7 @@ class TorchProfilerSession:
                     dtypes=dtypes,
                     flops=flops,
                     top=parent is None,
-                    extra={"stack": list(e.stack)[:6]} if getattr(e, "stack", None) else {},
+                    extra=_op_extra(e),
                 )
             )
         return RawTrace(
@@ -272,6 +272,18 @@ class TorchProfilerSession:
             device_type=self.device_type,
             backend="torch.profiler",
         )
+
+
+def _op_extra(e: Any) -> dict[str, Any]:
+    """A host operator's extras: its Python stack (detail level) and, on CUDA, the names
+    of the kernels it launched, in order (what a replayed graph's kernels are matched to)."""
+    extra: dict[str, Any] = {}
+    if getattr(e, "stack", None):
+        extra["stack"] = list(e.stack)[:6]
+    kernels = [str(k.name) for k in getattr(e, "kernels", None) or []]
+    if kernels:
+        extra["kernels"] = kernels
+    return extra
 
 
 class Collected:

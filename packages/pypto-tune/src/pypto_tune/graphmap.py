@@ -106,8 +106,24 @@ def reference_from_provenance(graph: GraphProvenance, model: Any) -> Reference:
 
 def reference_from_trace(trace: RawTrace, *, kinds: tuple[str, ...] = ("kernel",)) -> Reference:
     """A :class:`Reference` from a profiled run of the step (not replayed): its kernels
-    in device order, each with the module its launching operator ran in. Kernels the
-    profiler could not link to an operator keep the model's own scope."""
+    in device order, each with the module its launching operator ran in (CUDA: the
+    kernels each operator lists; NPU: kernels linked to their operator by the profiler's
+    flows). Kernels the profiler could not link to an operator keep the model's scope."""
+    launched = sorted(
+        (e for e in trace.events if e.kind == "op" and e.extra.get("kernels")),
+        key=lambda e: e.start_us,
+    )
+    if launched:
+        # torch.profiler on CUDA: each operator lists the kernels it launched, in order
+        # (one stream: the order the device runs them).
+        return Reference(
+            tuple(
+                (profiler_key(str(k)), ((e.module or ROOT_SCOPE, 1.0),))
+                for e in launched
+                for k in e.extra["kernels"]
+            ),
+            "replay",
+        )
     # Device order (the stream's), as a replay's kernels are read.
     evs = sorted((e for e in trace.events if e.kind in kinds), key=lambda e: e.start_us)
     return Reference(

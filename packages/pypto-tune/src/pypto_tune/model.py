@@ -42,6 +42,7 @@ __all__ = [
     "profile",
     "profile_model",
     "profile_step",
+    "replay_reference",
 ]
 
 log = logging.getLogger(__name__)
@@ -384,6 +385,48 @@ def profile_step(
 CAPTURED_ARMS = ("graph", "pypto+graph")
 
 
+def replay_reference(recorder: Any, model: Any, device: Any) -> Callable[[Callable[[], Any]], Any]:
+    """What a device graph's capture runs first (``recording(reference=...)``): the step
+    once, profiled and not captured, its kernels each given a module (from the compiled
+    graph's provenance when the step is compiled, else from module scopes): the sequence
+    the replays are matched to."""
+    import tempfile
+
+    import torch
+
+    from .graphmap import attribute_captured, reference_from_provenance, reference_from_trace
+    from .summary import attribute
+
+    def run(fn: Callable[[], Any]) -> Any:
+        compiled = bool(recorder.graphs)
+        # Scopes wrap module forwards: never around a compiled step (its guards would see
+        # the wrappers); a compiled step's operators get modules from its provenance.
+        scopes = ModuleScopes(model, prefill_marks=False) if not compiled else None
+        with tempfile.TemporaryDirectory(prefix="pypto-tune-reference-") as tmp:
+            try:
+                if scopes is not None:
+                    scopes.attach()
+                with raw_profile(level="light", device=device, output_dir=tmp) as got:
+                    fn()
+                    if torch.device(device).type == "cuda":
+                        torch.cuda.synchronize()
+            finally:
+                if scopes is not None:
+                    scopes.detach()
+        trace = got.trace
+        assert trace is not None
+        if compiled:
+            refs = [reference_from_provenance(g, model) for g in recorder.graphs]
+            done = attribute_captured(trace, refs)
+            if done.get("status") != "ok":
+                raise RuntimeError(f"the reference run was not attributed: {done.get('why')}")
+        else:
+            attribute(trace)
+        return reference_from_trace(trace)
+
+    return run
+
+
 def graph_attribution(
     recorder: Any, model: Any
 ) -> Callable[[RawTrace], tuple[dict[str, str], dict[str, Any]]]:
@@ -396,8 +439,12 @@ def graph_attribution(
         classes: dict[str, str] = {}
         if recorder.compile_s > 0:  # compiled here: every kernel has its profiler range
             mark_graph_wrappers(trace)
-        if recorder.unavailable is not None:
-            report: dict[str, Any] = {"status": "fallback", "why": recorder.unavailable}
+        if recorder.references:  # a device graph: its replays matched to a reference run
+            report: dict[str, Any] = attribute_captured(
+                trace, list(recorder.references), classes=classes
+            )
+        elif recorder.unavailable is not None:
+            report = {"status": "fallback", "why": recorder.unavailable}
         elif not recorder.graphs:
             why = "; ".join(recorder.errors) or (
                 "no graph was compiled while recording (a device-graph backend replays the "
@@ -442,6 +489,8 @@ def profile_model(
     ``EnvironmentMissingError`` for bad requests and ``ProfileFailedError`` when the
     step itself raises.
     """
+    import torch
+
     import pypto_bench
 
     _validate(level, iters, warmup)
@@ -458,7 +507,11 @@ def profile_model(
 
     try:
         with contextlib.ExitStack() as stack:
-            recorder = stack.enter_context(recording()) if arm in CAPTURED_ARMS else None
+            recorder = None
+            if arm in CAPTURED_ARMS:
+                recorder = stack.enter_context(recording())
+                if torch.device(session.device).type in ("cuda", "npu"):
+                    recorder.reference = replay_reference(recorder, session.model, session.device)
             once = stack.enter_context(session.iteration(arm))
             prof = profile_step(
                 once,

@@ -227,7 +227,8 @@ def layer_times(p: Profile) -> dict[int, float]:
 def _attribution_line(a: dict[str, Any]) -> str:
     """One paragraph on how the captured step was attributed (read from a file too:
     every value is checked, every text clipped)."""
-    cost = a.get("cost") if isinstance(a.get("cost"), dict) else {}
+    raw = a.get("cost")
+    cost: dict[str, Any] = raw if isinstance(raw, dict) else {}
     compile_s = cost.get("compile_s")
     spent = (
         f"; the attribution pass took {compile_s:.1f} s of compiling, outside the profiled steps"
@@ -322,8 +323,8 @@ def write_chrome_trace(p: Profile, path: str | Path) -> Path:
     return _write(Path(path), "Chrome trace", lambda fh: fh.write(text.encode("utf-8")))
 
 
-def plot_blocks(p: Profile, path: str | Path) -> Path:
-    """Horizontal bars of the per-step time by block type (matplotlib, the plot extra)."""
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, or the install hint."""
     try:
         import matplotlib
 
@@ -333,6 +334,12 @@ def plot_blocks(p: Profile, path: str | Path) -> Path:
         raise EnvironmentMissingError(
             "plotting needs matplotlib: pip install 'pypto-tune[plot]'"
         ) from None
+    return plt
+
+
+def plot_blocks(p: Profile, path: str | Path) -> Path:
+    """Horizontal bars of the per-step time by block type (matplotlib, the plot extra)."""
+    plt = _pyplot()
     items = sorted(p.blocks.items(), key=lambda kv: kv[1]["us"])
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(items) + 1.5))
     ax.barh([k for k, _ in items], [v["us"] / 1000 for _, v in items])
@@ -349,15 +356,7 @@ def plot_blocks(p: Profile, path: str | Path) -> Path:
 def plot_comparison(c: dict[str, Any], path: str | Path) -> Path:
     """Time by block of two profiles side by side (``compare_profiles``'s result): e.g.
     eager and graph, so what capture saved and what it left stand next to each other."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise EnvironmentMissingError(
-            "plotting needs matplotlib: pip install 'pypto-tune[plot]'"
-        ) from None
+    plt = _pyplot()
     items = sorted(c["blocks"].items(), key=lambda kv: max(kv[1]["base_us"], kv[1]["opt_us"]))
     names = [k for k, _ in items]
     ys = range(len(items))
