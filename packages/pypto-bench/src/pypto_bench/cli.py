@@ -78,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="print the markdown rendering to stderr"
     )
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument(
+        "--launched",
+        action="store_true",
+        help="run as one rank of the launcher that started this process (torchrun, srun, "
+        "mpirun; detected from its environment without this flag too); rank 0 reports",
+    )
 
     cmp = sub.add_parser("compare", help="ratios between reports")
     add_verbosity_flags(cmp, top=False)
@@ -233,12 +239,7 @@ class _Progress:
 
 
 def _run(args: argparse.Namespace, command_line: list[str]) -> int:
-    from pathlib import Path
-
     from .args import bench_config_from_args
-    from .bench import run_bench
-    from .errors import ReportWriteError
-    from .report import format_table, report_to_markdown
 
     # The recorded command line is redacted where the report is built and written.
     config = bench_config_from_args(args, command_line=command_line)
@@ -246,15 +247,46 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
         from .history import check_db_path
 
         check_db_path(config.history, create=True)
+    from .multi.external import detect_launch, run_launched
+
+    launch = detect_launch(required=args.launched)
+    if launch is not None:  # run_launched logs which rank this is, and of what
+        got = run_launched(config, launch)
+        if got is None:  # not rank 0: its figures went to rank 0's report
+            if not args.quiet:
+                print(
+                    f"pypto-bench: rank {launch.rank} done; rank 0 writes the report",
+                    file=sys.stderr,
+                )
+            return EXIT.OK
+        report = got
+    else:
+        report = _run_here(config, args)
+    return _after_run(config, args, report)
+
+
+def _run_here(config: Any, args: argparse.Namespace) -> Any:
+    """This process's own run (its own launcher for --nproc N)."""
+    from .bench import run_bench
+    from .errors import ReportWriteError
+
     progress = _Progress(not args.no_progress and not args.quiet)
     try:
-        report = run_bench(config, progress=progress)
+        return run_bench(config, progress=progress)
     except ReportWriteError as err:
         # The results exist only in memory now: hand them out on stdout, never drop them.
         print(err.text, end="" if err.text.endswith("\n") else "\n")
         raise
     finally:
         progress.close()
+
+
+def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
+    """Print the report, record it in the history, say where it was written."""
+    from pathlib import Path
+
+    from .report import format_table, report_to_markdown
+
     if not args.quiet:
         print(
             report_to_markdown(report) if args.markdown else format_table(report), file=sys.stderr

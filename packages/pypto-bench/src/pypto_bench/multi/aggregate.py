@@ -87,11 +87,16 @@ def build_report(
         ranks_out.append(entry)
     report.distributed = {
         "nproc": config.nproc,
+        # Hosts the ranks ran on (a launch by the user's own launcher can span nodes).
+        "nodes": int(spec.get("nodes", 1)),
         "placement": "tensor",
         "device_type": spec["device_type"],
         "backend": spec["backend"],
         "threads_per_rank": spec["threads"],
-        "launcher": "torch.distributed.launcher.api.elastic_launch (c10d rendezvous on 127.0.0.1)",
+        "launcher": spec.get(
+            "launcher",
+            "torch.distributed.launcher.api.elastic_launch (c10d rendezvous on 127.0.0.1)",
+        ),
         "tp_plan": spec["plan"],
         **per_arm[first],
         "ranks": sorted(ranks_out, key=lambda r: r["rank"]),

@@ -41,6 +41,7 @@ __all__ = [
     "Heartbeat",
     "config_from_json",
     "rank_main",
+    "run_rank",
 ]
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def rank_main(spec_path: str) -> None:
     folder = Path(spec["state_dir"])
     beat = Heartbeat(folder, rank)
     try:
-        _rank_work(spec, rank, beat)
+        run_rank(spec, rank, beat)
     except BaseException as err:
         text = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
         atomic_write_text(
@@ -164,7 +165,15 @@ def _rank_device(spec: dict[str, Any], local_rank: int) -> Any:
     return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
 
 
-def _rank_work(spec: dict[str, Any], rank: int, beat: Heartbeat) -> None:
+def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = None) -> None:
+    """One rank's whole run: join the process group, the baseline turn, the measurement;
+    rank 0 writes ``result.json`` into the spec's folder.
+
+    ``launch`` (a :class:`pypto_bench.multi.external.Launch`): started by the user's own
+    launcher. Then no watchdog sees the ranks: every wait (the rendezvous, each
+    collective, the others' wait for rank 0's baseline) is bounded by ``--rank-timeout``,
+    an unreachable rendezvous is named, and the peers are checked against rank 0 first.
+    """
     import datetime
 
     import torch
@@ -179,13 +188,34 @@ def _rank_work(spec: dict[str, Any], rank: int, beat: Heartbeat) -> None:
         kwargs["device_id"] = device
     # Collectives wait longer than the watchdog, so a hang is named by the watchdog (which
     # sees every rank) rather than by a peer's collective timeout.
-    kwargs["timeout"] = datetime.timedelta(seconds=2 * config.rank_timeout + 30)
-    dist.init_process_group(**kwargs)
+    wait_s = 2 * config.rank_timeout + 30 if launch is None else config.rank_timeout
+    kwargs["timeout"] = datetime.timedelta(seconds=wait_s)
+    if launch is None:
+        dist.init_process_group(**kwargs)
+    else:
+        from .external import check_peers, unreachable_error
+
+        try:
+            dist.init_process_group(**kwargs)
+        except Exception as err:  # the store's connect timeout, refused connections
+            raise unreachable_error(launch, err, wait_s) from err
+        try:
+            peers = check_peers(spec["identity"], launch)
+            spec["nodes"] = len({str(p["host"]) for p in peers})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+            raise
     folder = Path(spec["state_dir"])
     try:
         # The noise guard's load window: both measurements (rank 0 holds the sampler).
         load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
-        baseline, skipped = _baseline_turn(config, device, rank, beat, folder)
+        if launch is None:
+            baseline, skipped = _baseline_turn(config, device, rank, beat, folder)
+        else:  # no folder in common across nodes: the others wait in a barrier
+            baseline, skipped = (
+                _baseline_turn(config, device, rank, beat, folder) if rank == 0 else (None, None)
+            )
         dist.barrier()
         beat.advance("loading the sharded model")
         runs = _measure_rank(config, device, world, beat, spec)

@@ -1,0 +1,272 @@
+"""``pypto-bench run`` as one rank of the user's own launcher: real torchrun (one node and a
+two-"node" pair on loopback), a simulated Slurm step (SLURM_* as srun sets them), the
+misconfigurations refused in one line, and a rank killed mid-run (real processes, gloo on
+the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pypto_bench.errors import EXIT, BadInputError
+from pypto_bench.multi.external import detect_launch, first_host
+from pypto_bench.multi.launch import free_port
+
+BIN = Path(sys.executable).parent
+PYPTO_BENCH = str(BIN / "pypto-bench")
+TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
+RUN = ["run", "--device", "cpu", "--seq", "8", "--iters", "2", "--warmup", "0",
+       "--arms", "eager", "--no-bandwidth", "--no-progress"]  # fmt: skip
+_CLEAN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
+          "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+          "SLURM_STEP_NODELIST", "SLURM_NODELIST", "OMPI_COMM_WORLD_RANK",
+          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _CLEAN}
+    env.update({"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}, **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pypto_testing.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("launched") / "tiny")
+
+
+def _slurm(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    return _env(
+        SLURM_PROCID=str(rank),
+        SLURM_NTASKS=str(world),
+        SLURM_LOCALID=str(rank),
+        SLURM_STEP_NODELIST="localhost",
+        MASTER_PORT=str(port),
+        **extra,
+    )
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[tuple[int, str, str]]:
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=timeout)
+        out.append((p.returncode, o, e))
+    return out
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed beside this python")
+def test_torchrun_one_node_two_ranks_runs_as_is(tiny: Path, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    got = subprocess.run(
+        [TORCHRUN, "--nnodes", "1", "--nproc-per-node", "2", "--no-python", PYPTO_BENCH, *RUN,
+         "--model-path", str(tiny), "--regime", "prefill", "--report", str(report)],
+        env=_env(), capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    data = json.loads(report.read_text())
+    dist = data["distributed"]
+    assert dist["nproc"] == 2
+    assert dist["nodes"] == 1
+    assert dist["launcher"].startswith("torchrun: 2 ranks")
+    assert dist["agreement"]["ok"] is True  # the sharded logits equal the 1-rank run's
+    assert "rank 1 done; rank 0 writes the report" in got.stderr
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed beside this python")
+def test_a_torchrun_pair_of_nodes_on_loopback_decodes_like_one(tiny: Path, tmp_path: Path) -> None:
+    """Two torchrun agents, one rank each, c10d rendezvous on 127.0.0.1 (two "nodes")."""
+    port = free_port()
+    report = tmp_path / "pair.json"
+    procs = [
+        _start(
+            [
+                TORCHRUN,
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(n),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "pair",
+                "--no-python",
+                PYPTO_BENCH,
+                *RUN,
+                "--model-path",
+                str(tiny),
+                "--regime",
+                "decode",
+                "--gen",
+                "4",
+                "--report",
+                str(report),
+            ],
+            _env(),
+        )
+        for n in (0, 1)
+    ]
+    results = _finish(procs)
+    assert all(code == 0 for code, _, _ in results), [e[-2000:] for _, _, e in results]
+    dist = json.loads(report.read_text())["distributed"]
+    assert dist["nproc"] == 2
+    assert dist["agreement"]["ok"] is True  # greedy tokens equal the 1-rank run's
+    assert sum("rank 1 done" in e for _, _, e in results) == 1
+
+
+def test_a_simulated_slurm_step_runs_and_rank_0_reports(tiny: Path, tmp_path: Path) -> None:
+    port = free_port()
+    report = tmp_path / "slurm.json"
+    args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+            "--report", str(report)]  # fmt: skip
+    results = _finish([_start(args, _slurm(r, 2, port)) for r in (0, 1)])
+    assert [c for c, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
+    dist = json.loads(report.read_text())["distributed"]
+    assert dist["launcher"].startswith("srun: 2 ranks")
+    assert "SLURM_PROCID" in dist["launcher"]
+    assert dist["agreement"]["ok"] is True
+
+
+def test_a_peer_with_another_model_folder_is_refused_naming_it(tiny: Path, tmp_path: Path) -> None:
+    from pypto_testing.models import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other", num_hidden_layers=1)
+    port = free_port()
+    procs = [
+        _start(
+            [PYPTO_BENCH, *RUN, "--model-path", str(folder), "--regime", "prefill"],
+            _slurm(r, 2, port),
+        )
+        for r, folder in ((0, tiny), (1, other))
+    ]
+    results = _finish(procs)
+    for code, out, err in results:
+        assert code == EXIT.USAGE, err[-2000:]
+        lines = [ln for ln in err.splitlines() if "error:" in ln]
+        assert len(lines) == 1
+        assert "rank 1 on" in lines[0]
+        assert "different model folder than rank 0" in lines[0]
+        assert out == ""
+
+
+def test_an_unreachable_rendezvous_is_named_within_the_timeout(tiny: Path) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    got = subprocess.run(
+        [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+         "--rank-timeout", "3"],
+        env=_env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port)),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert time.monotonic() - started < 60
+    assert got.returncode == EXIT.RANK_FAILED, got.stderr[-2000:]
+    # (torch's own c10d log lines come before it: this tool's message is one line)
+    lines = [ln for ln in got.stderr.splitlines() if ln.startswith("pypto-bench: error:")]
+    assert len(lines) == 1
+    line = lines[0]
+    assert f"127.0.0.1:{port}" in line
+    assert "within 3 s" in line
+
+
+def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path) -> None:
+    """SIGKILL one rank mid-run: the other fails its next collective and exits (bounded by
+    --rank-timeout); no process of the step is left."""
+    port = free_port()
+    args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+            "--iters", "400", "--rank-timeout", "10"]  # fmt: skip
+    procs = [_start(args, _slurm(r, 2, port)) for r in (0, 1)]
+    try:
+        time.sleep(8)  # both loaded and iterating (a tiny prefill: a few ms a step)
+        assert procs[0].poll() is None
+        assert procs[1].poll() is None
+        procs[1].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        _, err = procs[0].communicate(timeout=90)
+        assert time.monotonic() - started < 60
+        assert procs[0].returncode != 0
+        assert len([ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]) == 1
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, "-x MASTER_ADDR"),
+        ({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h",
+          "MASTER_PORT": "1"}, "below the world size"),
+        ({"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h",
+          "MASTER_PORT": "1"}, "not an integer"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}, "MASTER_ADDR"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+          "SLURM_STEP_NODELIST": "n[1-2"}, "node list"),
+    ],
+)  # fmt: skip
+def test_a_broken_launcher_environment_is_one_line(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(BadInputError, match=needle.replace("[", r"\[")):
+        detect_launch(env)
+
+
+def test_detection_and_its_absence() -> None:
+    assert detect_launch({}) is None
+    assert (
+        detect_launch(
+            {
+                "SLURM_PROCID": "0",
+                "SLURM_NTASKS": "1",
+                "SLURM_LOCALID": "0",
+                "SLURM_STEP_NODELIST": "n1",
+            }
+        )
+        is None
+    )  # fmt: skip  (one task)
+    with pytest.raises(BadInputError, match="--launched"):
+        detect_launch({}, required=True)
+    got = detect_launch({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+                         "SLURM_STEP_NODELIST": "gpu[07-08],cpu1"})  # fmt: skip
+    assert got is not None
+    assert (got.launcher, got.rank, got.world, got.master_addr, got.master_port) == (
+        "srun",
+        3,
+        4,
+        "gpu07",
+        29500,
+    )
+    assert first_host("node1,node2") == "node1"
+    assert first_host("a[009-012]b") == "a009b"
+
+
+def test_nproc_against_the_launchers_count_is_refused(tiny: Path) -> None:
+    got = subprocess.run(
+        [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill", "--nproc", "4"],
+        env=_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(free_port())),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert got.returncode == EXIT.USAGE
+    line = next(ln for ln in got.stderr.splitlines() if "error:" in ln)
+    assert "--nproc 4 but" in line
+    assert "started 2 processes" in line
