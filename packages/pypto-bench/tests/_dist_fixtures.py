@@ -104,3 +104,24 @@ def group_members(pgid: int) -> list[int]:
             if int(rest[2]) == pgid and rest[0] != "Z":
                 live.append(int(entry.name))
     return live
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process under ``root`` (a /proc walk of parent pids)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            rest = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        children.setdefault(int(rest[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            if pid not in found:
+                found.add(pid)
+                todo.append(pid)
+    return found

@@ -20,6 +20,9 @@ from pypto_bench.errors import EXIT, BadInputError
 from pypto_bench.multi.external import detect_launch, first_host
 from pypto_bench.multi.launch import free_port
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _dist_fixtures import alive, descendants
+
 BIN = Path(sys.executable).parent
 PYPTO_BENCH = str(BIN / "pypto-bench")
 TORCHRUN = shutil.which("torchrun", path=str(BIN)) or shutil.which("torchrun")
@@ -59,6 +62,13 @@ def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
+
+
+def _reap(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 def _finish(procs: list[subprocess.Popen[str]], timeout: float = 240) -> list[tuple[int, str, str]]:
@@ -132,6 +142,30 @@ def test_a_torchrun_pair_of_nodes_on_loopback_decodes_like_one(tiny: Path, tmp_p
     assert sum("rank 1 done" in e for _, _, e in results) == 1
 
 
+def _ompi(rank: int, world: int, port: int) -> dict[str, str]:
+    return _env(
+        OMPI_COMM_WORLD_RANK=str(rank),
+        OMPI_COMM_WORLD_SIZE=str(world),
+        OMPI_COMM_WORLD_LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+def test_an_mpirun_environment_runs_as_its_ranks(tiny: Path, tmp_path: Path) -> None:
+    """What ``mpirun -np 2 -x MASTER_ADDR -x MASTER_PORT pypto-bench run ...`` gives
+    each process (Open MPI's variables)."""
+    port = free_port()
+    report = tmp_path / "mpi.json"
+    args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+            "--report", str(report)]  # fmt: skip
+    results = _finish([_start(args, _ompi(r, 2, port)) for r in (0, 1)])
+    assert [c for c, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
+    dist = json.loads(report.read_text())["distributed"]
+    assert dist["launcher"].startswith("mpirun: 2 ranks")
+    assert dist["agreement"]["ok"] is True
+
+
 def test_a_simulated_slurm_step_runs_and_rank_0_reports(tiny: Path, tmp_path: Path) -> None:
     port = free_port()
     report = tmp_path / "slurm.json"
@@ -143,6 +177,12 @@ def test_a_simulated_slurm_step_runs_and_rank_0_reports(tiny: Path, tmp_path: Pa
     assert dist["launcher"].startswith("srun: 2 ranks")
     assert "SLURM_PROCID" in dist["launcher"]
     assert dist["agreement"]["ok"] is True
+    # Each rank bound to its local device index before anything initialised, and the
+    # collectives' network settings stated.
+    assert [r["TILE_FWK_DEVICE_ID"] for r in dist["ranks"]] == ["0", "1"]
+    assert dist["comm_env"]["MASTER_ADDR"] == "localhost"
+    assert dist["comm_env"]["MASTER_PORT"] == str(port)
+    assert "GLOO_SOCKET_IFNAME" in dist["comm_env"]
 
 
 def test_a_peer_with_another_model_folder_is_refused_naming_it(tiny: Path, tmp_path: Path) -> None:
@@ -205,10 +245,7 @@ def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path) -> None:
         assert procs[0].returncode != 0
         assert len([ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]) == 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        _reap(procs)
 
 
 @pytest.mark.parametrize(
@@ -270,3 +307,109 @@ def test_nproc_against_the_launchers_count_is_refused(tiny: Path) -> None:
     line = next(ln for ln in got.stderr.splitlines() if "error:" in ln)
     assert "--nproc 4 but" in line
     assert "started 2 processes" in line
+
+
+# -- this tool's own launcher across nodes: --nnodes / --node-rank / --rdzv-endpoint ------
+
+
+def _node(tiny: Path, tmp: Path, n: int, port: int, *extra: str) -> subprocess.Popen[str]:
+    folder = tmp / f"node{n}"  # each "node" its own temporary folder
+    folder.mkdir(exist_ok=True)
+    args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--nnodes", "2", "--node-rank",
+            str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1", *extra]  # fmt: skip
+    return _start(args, _env(TMPDIR=str(folder)))
+
+
+@pytest.mark.parametrize("regime", ["prefill", "decode"])
+def test_two_nodes_on_loopback_agree_with_one_rank(tiny: Path, tmp_path: Path, regime: str) -> None:
+    port = free_port()
+    report = tmp_path / f"{regime}.json"
+    extra = [
+        "--regime",
+        regime,
+        "--report",
+        str(report),
+        *(["--gen", "4"] if regime == "decode" else []),
+    ]
+    results = _finish([_node(tiny, tmp_path, n, port, *extra) for n in (0, 1)])
+    assert [c for c, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
+    dist = json.loads(report.read_text())["distributed"]
+    assert (dist["nnodes"], dist["nproc_per_node"], dist["nproc"]) == (2, 1, 2)
+    assert dist["agreement"]["ok"] is True  # logits / greedy tokens equal the 1-rank run's
+    assert "2 nodes x 1 ranks" in dist["launcher"]
+    # Both "nodes" share this host: each rank one core's share of it, not all of them.
+    from pypto_bench.multi import visible_devices
+
+    assert dist["threads_per_rank"] == max(1, visible_devices("cpu") // 2)
+    assert sum("its ranks are done" in e for _, _, e in results) == 1
+    for n in (0, 1):  # nothing left in either node's temporary folder
+        assert list((tmp_path / f"node{n}").iterdir()) == []
+
+
+def test_killing_one_node_ends_every_process_of_both(tiny: Path, tmp_path: Path) -> None:
+    port = free_port()
+    procs = [
+        _node(
+            tiny, tmp_path, n, port, "--regime", "prefill", "--iters", "400", "--rank-timeout", "20"
+        )
+        for n in (0, 1)
+    ]
+    try:
+        family: set[int] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # every node's launcher, agent and rank up
+            family = descendants(procs[0].pid) | descendants(procs[1].pid)
+            if len(family) >= 6:
+                break
+            time.sleep(0.5)
+        time.sleep(6)  # past loading, in the timed loop
+        family |= descendants(procs[0].pid) | descendants(procs[1].pid)
+        procs[1].send_signal(signal.SIGKILL)
+        _, err = procs[0].communicate(timeout=120)
+        assert procs[0].returncode != 0
+        assert len([ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]) == 1
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(alive(p) for p in family):
+            time.sleep(0.5)
+        assert not [p for p in family if alive(p)]
+    finally:
+        _reap(procs)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--nnodes", "2"], "needs --rdzv-endpoint"),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0"], "is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:99999"], "is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "2"], "0..1"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "a b"], "--rdzv-id"),
+        (["--node-rank", "0"], "pass --nnodes N > 1"),
+        (["--nnodes", "0"], "--nnodes must be"),
+    ],
+)
+def test_a_bad_multi_node_request_is_one_line_before_anything_starts(
+    tiny: Path, flags: list[str], needle: str
+) -> None:
+    got = subprocess.run(
+        [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill", *flags],
+        env=_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert got.returncode == EXIT.USAGE, got.stderr[-1500:]
+    lines = [ln for ln in got.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, lines
+    assert needle in lines[0], lines
+
+
+def test_ranks_started_with_different_world_sizes_fail_in_one_line_each(tiny: Path) -> None:
+    port = free_port()
+    args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+            "--rank-timeout", "5"]  # fmt: skip
+    results = _finish([_start(args, _slurm(r, 2 + r, port)) for r in (0, 1)], timeout=120)
+    for code, _, err in results:
+        assert code == EXIT.RANK_FAILED, err[-1500:]
+        lines = [ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]
+        assert len(lines) == 1
+        # Which rank sees what depends on timing (the rendezvous, or the peer check after
+        # it); each line says the world sizes may differ.
+        assert "world size" in lines[0]

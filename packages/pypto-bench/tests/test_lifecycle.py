@@ -23,7 +23,7 @@ from pypto_bench.multi import DEVICE_ID_ENV, visible_devices
 from pypto_bench.multi.lifecycle import TERMINATED_EXIT
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dist_fixtures import alive, group_members
+from _dist_fixtures import alive, descendants, group_members
 
 # What torch keeps in the temporary directory across runs by design (inductor's compile
 # cache, shared by every torch process of the user): not the run's, left alone.
@@ -50,27 +50,6 @@ def _timed_loop(beats: dict[int, dict[str, Any]]) -> bool:
 
 # The moments, read from the heartbeat files the ranks write (rank, step, stage).
 MOMENTS = {"loading": _loading, "baseline": _baseline, "timed loop": _timed_loop}
-
-
-def _descendants(root: int) -> set[int]:
-    """Every live process under ``root`` (a /proc walk of parent pids)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            rest = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        children.setdefault(int(rest[1]), []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            if pid not in found:
-                found.add(pid)
-                todo.append(pid)
-    return found
 
 
 def _heartbeats(tmp: Path) -> dict[int, dict[str, Any]]:
@@ -119,7 +98,7 @@ def killed_run(tiny_llama, tmp_path_factory):
                 assert time.monotonic() < deadline, f"never reached {moment}: {beats}"
                 time.sleep(0.05)
             launcher = int(next(tmp.glob("pypto-dist-*/launcher.pid")).read_text())
-            family = _descendants(cli.pid)
+            family = descendants(cli.pid)
             assert launcher in family, family
             assert len(family) >= 3, family  # launcher + 2 ranks
             os.kill(cli.pid, sig)

@@ -93,6 +93,7 @@ class _Flag:
     choices: tuple[str, ...] | None = None
     action: str | None = None  # "store_true" / "store_false"
     metavar: str | None = None
+    aliases: tuple[str, ...] = ()  # other spellings (torchrun's names)
 
 
 _DEFAULTS = BenchConfig()
@@ -211,9 +212,40 @@ _FLAGS: tuple[_Flag, ...] = (
         "nproc",
         "--nproc",
         "ranks (one device each, CPU: one core's share): N > 1 shards the model with its "
-        "tensor-parallel plan over N processes (prefill/decode, eager arm)",
+        "tensor-parallel plan over N processes (prefill/decode, eager arm); per node with "
+        "--nnodes",
         type=int,
         metavar="N",
+        aliases=("--nproc-per-node",),
+    ),
+    _Flag(
+        "nnodes",
+        "--nnodes",
+        "hosts of a multi-node run: each runs this command with --nproc ranks (per node), "
+        "joined at --rdzv-endpoint",
+        type=int,
+        metavar="N",
+    ),
+    _Flag(
+        "node_rank",
+        "--node-rank",
+        "--nnodes N: this node's index, recorded (the rendezvous assigns ranks; the node "
+        "holding rank 0 writes the report)",
+        type=int,
+        metavar="R",
+    ),
+    _Flag(
+        "rdzv_endpoint",
+        "--rdzv-endpoint",
+        "--nnodes N: HOST:PORT where the nodes meet (torch's c10d rendezvous), the same on "
+        "every node",
+        metavar="HOST:PORT",
+    ),
+    _Flag(
+        "rdzv_id",
+        "--rdzv-id",
+        "--nnodes N: the run's id, the same on every node (default: pypto-bench)",
+        metavar="ID",
     ),
     _Flag(
         "rank_timeout",
@@ -312,7 +344,7 @@ def add_bench_arguments(
             if f.metavar is not None:
                 kwargs["metavar"] = f.metavar
             help_text = f.help if default is None else f"{f.help} (default: {_show(default)})"
-        parser_or_group.add_argument(f.flag, help=help_text, **kwargs)
+        parser_or_group.add_argument(f.flag, *f.aliases, help=help_text, **kwargs)
         added.append(f.dest)
     return added
 

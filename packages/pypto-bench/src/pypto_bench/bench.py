@@ -172,7 +172,7 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
         from .multi import run_pipeline
 
         return run_pipeline(config, validated=True)
-    if config.nproc > 1:
+    if config.nproc > 1 or config.nnodes > 1:
         from .multi import run_distributed
 
         return run_distributed(config, progress=progress, validated=True)
@@ -634,5 +634,10 @@ def open_session(config: BenchConfig, *, progress: ProgressFn | None = None) -> 
         raise BadInputError(
             f"a session is one process; --nproc {config.nproc} runs through run_bench only: "
             "pass --nproc 1"
+        )
+    if config.nnodes != 1:
+        raise BadInputError(
+            f"a session is one process; --nnodes {config.nnodes} runs through `pypto-bench "
+            "run` only: drop --nnodes"
         )
     return BenchSession(*_load_context(config, progress))

@@ -260,9 +260,31 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
                 )
             return EXIT.OK
         report = got
+    elif config.nnodes > 1:
+        got = _run_node(config)
+        if got is None:  # this node's ranks are done; rank 0 ran on another node
+            if not args.quiet:
+                node = "" if config.node_rank is None else f" {config.node_rank}"
+                print(
+                    f"pypto-bench: node{node}: its ranks are done; the node that ran rank 0 "
+                    "writes the report",
+                    file=sys.stderr,
+                )
+            return EXIT.OK
+        report = got
     else:
         report = _run_here(config, args)
     return _after_run(config, args, report)
+
+
+def _run_node(config: Any) -> Any:
+    """One node of ``--nnodes N``: the report where rank 0 ran, else None."""
+    from .loading import check_regime_fits_folder
+    from .multi import run_node
+
+    config.validate()
+    check_regime_fits_folder(config.model_path, config.regime)
+    return run_node(config, validated=True)
 
 
 def _run_here(config: Any, args: argparse.Namespace) -> Any:

@@ -10,6 +10,7 @@ its parser and validates before choosing device environment variables.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "Regime",
     "Schedule",
     "check_rank_timeout",
+    "parse_endpoint",
     "validate_placement",
 ]
 
@@ -159,6 +161,14 @@ class BenchConfig:
     # "pipeline" (one process, layers split over the devices; prefill, eager: the fallback
     # for a family without a plan).
     placement: str = Placement.TENSOR.value
+    # Multi-node runs with this tool's own launcher (torchrun's names): nnodes hosts each
+    # run this command with --nproc ranks (per node), joined by torch's c10d rendezvous at
+    # rdzv_endpoint (HOST:PORT, the same on every node) under rdzv_id; node_rank is
+    # recorded (the rendezvous assigns ranks; the node holding rank 0 writes the report).
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
     # A vision-language model's prefill on an image + text prompt (``--image FILE``): the
     # whole model, vision tower included, on inputs the folder's processor builds. None:
     # text prompts (a VL model's language model). pypto_bench.vision reads the file.
@@ -254,6 +264,10 @@ class BenchConfig:
         """Any ``--nproc`` flag away from its single-process default (its rules then run)."""
         return (
             self.nproc != 1
+            or self.nnodes != 1
+            or self.node_rank is not None
+            or self.rdzv_endpoint is not None
+            or self.rdzv_id is not None
             or self.rank_timeout != DEFAULT_RANK_TIMEOUT
             or not self.nproc_baseline
             or self.placement != Placement.TENSOR
@@ -344,6 +358,7 @@ class BenchConfig:
             "moe_routing": self.moe_routing,
             # Only for a multi-rank run: a single process's description is unchanged.
             **({"nproc": self.nproc} if self.nproc != 1 else {}),
+            **({"nnodes": self.nnodes} if self.nnodes != 1 else {}),
             **({"nproc_baseline": False} if not self.nproc_baseline else {}),
             **({"placement": self.placement} if self.placement != Placement.TENSOR else {}),
             # Only with --image: a text run's description (e2e's fingerprint) is unchanged.
@@ -397,6 +412,8 @@ def validate_placement(config: BenchConfig) -> None:
     n = config.nproc
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise BadInputError(f"--nproc must be an integer >= 1 (got {n!r})")
+    _validate_nodes(config)
+    n = n * config.nnodes  # the world: every rule below is about all the ranks
     if config.placement not in PLACEMENTS:
         raise BadInputError(
             f"unknown --placement {config.placement!r}: choose one of {', '.join(PLACEMENTS)}"
@@ -428,6 +445,59 @@ def validate_placement(config: BenchConfig) -> None:
         )
     if len(config.batches) > 1:
         raise BadInputError(f"--nproc {n} takes one --batch, not a sweep: pass a single size")
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); a one-line error otherwise."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadInputError(
+            f"--rdzv-endpoint {text[:80]!r} is not HOST:PORT: pass the address of the node "
+            "that hosts the rendezvous and a free port, e.g. node0:29500"
+        )
+    return host, int(port)
+
+
+def _validate_nodes(config: BenchConfig) -> None:
+    """``--nnodes`` / ``--node-rank`` / ``--rdzv-endpoint`` / ``--rdzv-id``."""
+    nn = config.nnodes
+    if isinstance(nn, bool) or not isinstance(nn, int) or nn < 1:
+        raise BadInputError(f"--nnodes must be an integer >= 1 (got {nn!r})")
+    if nn == 1:
+        extra = [
+            flag
+            for flag, value in (
+                ("--node-rank", config.node_rank),
+                ("--rdzv-endpoint", config.rdzv_endpoint),
+                ("--rdzv-id", config.rdzv_id),
+            )
+            if value is not None
+        ]
+        if extra:
+            raise BadInputError(
+                f"{', '.join(extra)} belong to a multi-node run: pass --nnodes N > 1, or drop them"
+            )
+        return
+    if config.rdzv_endpoint is None:
+        raise BadInputError(
+            f"--nnodes {nn} needs --rdzv-endpoint HOST:PORT (the same on every node): where "
+            "the nodes meet"
+        )
+    parse_endpoint(config.rdzv_endpoint)
+    r = config.node_rank
+    if r is not None and (isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < nn):
+        raise BadInputError(f"--node-rank must be 0..{nn - 1} for --nnodes {nn} (got {r!r})")
+    if config.placement != Placement.TENSOR:
+        raise BadInputError(
+            "--placement pipeline runs in one process: a multi-node run is --placement tensor"
+        )
+    rid = config.rdzv_id
+    if rid is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", rid):
+        raise BadInputError(
+            f"--rdzv-id {rid[:80]!r}: use 1-64 letters, digits, '.', '_' or '-', the same on "
+            "every node"
+        )
 
 
 def _validate_pipeline(config: BenchConfig) -> None:

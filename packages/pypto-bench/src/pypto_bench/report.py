@@ -781,6 +781,20 @@ def format_table(report: Report | dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ranks_line(dist: dict[str, Any]) -> str:
+    """``2 ranks``, or ``2 nodes x 1 ranks (2 ranks, 1 host)`` for a multi-node run."""
+    n = dist["nproc"]
+    nnodes = int(dist.get("nnodes") or 1)
+    if nnodes == 1:
+        hosts = int(dist.get("nodes") or 1)
+        return f"{n} ranks" + (f" on {hosts} hosts" if hosts > 1 else "")
+    hosts = int(dist.get("nodes") or 1)
+    return (
+        f"{nnodes} nodes x {dist.get('nproc_per_node')} ranks ({n} ranks, "
+        f"{hosts} host{'s' if hosts != 1 else ''})"
+    )
+
+
 def _distributed_lines(data: dict[str, Any]) -> list[str]:
     """``--nproc N``: the aggregate against the 1-rank run, then one line per rank."""
     dist = data.get("distributed")
@@ -794,7 +808,7 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
     head = (
         f"{dist['nproc']} pipeline stages (one process, layers split over the devices): {tok_s} tok/s"
         if pipeline
-        else f"{dist['nproc']} ranks ({dist.get('backend')}, {dist.get('threads_per_rank')} "
+        else f"{_ranks_line(dist)} ({dist.get('backend')}, {dist.get('threads_per_rank')} "
         f"thread(s) each): aggregate {tok_s} tok/s"
     )
     if dist.get("baseline") is None:

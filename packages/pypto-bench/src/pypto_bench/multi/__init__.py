@@ -8,7 +8,9 @@ the internal ``_shared``):
   (too many ranks, no tensor-parallel plan, the folder's own code, accelerate, tokenizer);
   the request's own rules are ``BenchConfig.validate``'s (``config.validate_placement``)
 * :mod:`.launch` - the launching process, the launcher (``python -m pypto_bench.multi``),
-  the watchdog, the end of a run whose caller is gone
+  the watchdog, the end of a run whose caller is gone; one node of ``--nnodes N``
+* :mod:`.external` - one rank of the user's own launcher (torchrun, srun, mpirun)
+* :mod:`.peers` - a rank's place, and every rank's check of its peers against rank 0
 * :mod:`.lifecycle` - parent-death signal, parent watch, SIGTERM as Ctrl-C, ``/proc``
 * :mod:`.rank` - a rank: its entry point, heartbeat, baseline turn and measurement
 * :mod:`.arms` - one arm measured with the single-process protocol; the 1-rank baseline
@@ -22,7 +24,7 @@ the internal ``_shared``):
 from __future__ import annotations
 
 from ..config import DEFAULT_RANK_TIMEOUT, MAX_RANK_TIMEOUT, validate_placement
-from .launch import run_distributed
+from .launch import run_distributed, run_node
 from .pipeline import run_pipeline
 from .preflight import Preflight, check_before_launch, visible_devices
 from .rank import DEVICE_ID_ENV
@@ -34,6 +36,7 @@ __all__ = [
     "Preflight",
     "check_before_launch",
     "run_distributed",
+    "run_node",
     "run_pipeline",
     "validate_distributed",
     "visible_devices",

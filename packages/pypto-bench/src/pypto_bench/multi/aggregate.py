@@ -72,7 +72,7 @@ def build_report(
         base = baselines[name] if baselines is not None else None
         arm, figures = aggregate_arm(config, name, runs[name], base, ranks, skipped)
         per_arm[name] = figures
-        add_arm(report, arm, figures, f"{name} on {config.nproc} ranks")
+        add_arm(report, arm, figures, f"{name} on {len(gathered)} ranks")
     if skipped:
         report.warnings.append(f"1-rank baseline skipped ({skipped}): {NO_BASELINE_FIGURES}")
     # pypto_bench.noise over the collective steps and the 1-rank baselines (a noisy
@@ -86,9 +86,14 @@ def build_report(
         entry["arms"] = {n: g[n] for n in config.arms if n != first}
         ranks_out.append(entry)
     report.distributed = {
-        "nproc": config.nproc,
-        # Hosts the ranks ran on (a launch by the user's own launcher can span nodes).
+        "nproc": len(gathered),  # every rank, on every node
+        # Hosts the ranks ran on and the ranks each started (--nnodes N x --nproc K, or
+        # the user's launcher's world).
         "nodes": int(spec.get("nodes", 1)),
+        "nnodes": int(spec.get("nnodes", 1)),
+        "nproc_per_node": config.nproc if spec.get("nnodes", 1) != 1 else len(gathered),
+        # Interfaces / ports the collectives were told to use (multi-node runs).
+        **({"comm_env": spec["comm_env"]} if "comm_env" in spec else {}),
         "placement": "tensor",
         "device_type": spec["device_type"],
         "backend": spec["backend"],
@@ -138,7 +143,7 @@ def aggregate_arm(
     arm.tokens_per_iter = list(tokens)
     arm.memory = run.arm.memory
     arm.details = dict(run.arm.details)
-    arm.details["ranks"] = config.nproc
+    arm.details["ranks"] = len(ranks)  # the world (--nproc per node x --nnodes)
     if config.regime == "decode":
         arm.ttft_s = summarize_seconds(
             [max(r["ttft_s"][i] for r in ranks) for i in range(len(run.figures["ttft_s"]))]
@@ -177,7 +182,7 @@ def aggregate_arm(
             "memory": baseline.arm.memory,
         },
         "speedup": speedup,
-        "scaling_efficiency": speedup / config.nproc if speedup is not None else None,
+        "scaling_efficiency": speedup / len(ranks) if speedup is not None else None,
         "agreement": agreement,
         **_capture_figures(name, arm),
     }

@@ -16,19 +16,17 @@ while the ranks run on different hosts are refused in one line naming the rank.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import ipaddress
 import logging
 import os
 import re
-import socket
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadInputError, RankFailedError
+from ..errors import BadInputError
+from .peers import Launch, comm_environment, peer_identity
 
 if TYPE_CHECKING:
     from ..config import BenchConfig
@@ -37,12 +35,9 @@ if TYPE_CHECKING:
 __all__ = [
     "LAUNCHERS",
     "Launch",
-    "check_peers",
     "detect_launch",
     "first_host",
-    "peer_identity",
     "run_launched",
-    "unreachable_error",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,32 +50,6 @@ LAUNCHERS = {
 }
 #: The rendezvous port under Slurm when MASTER_PORT is not exported (torch's default).
 DEFAULT_PORT = 29500
-
-
-@dataclass(frozen=True)
-class Launch:
-    """This process's place in an external launch."""
-
-    launcher: str
-    rank: int
-    world: int
-    local_rank: int
-    master_addr: str
-    master_port: int
-    source: str  # the variables it was read from
-
-    def summary(self) -> str:
-        """What started the ranks, for the report (the same on every rank)."""
-        return (
-            f"{self.launcher}: {self.world} ranks from its environment ({self.source}), "
-            f"process group rendezvous at {self.master_addr}:{self.master_port}"
-        )
-
-    def describe(self) -> str:
-        return (
-            f"rank {self.rank} of {self.world} (local rank {self.local_rank}), started by "
-            f"{self.launcher} (from {self.source}), rendezvous {self.master_addr}:{self.master_port}"
-        )
 
 
 def _int(env: dict[str, str], name: str, launcher: str) -> int:
@@ -189,69 +158,6 @@ def detect_launch(env: dict[str, str] | None = None, *, required: bool = False) 
     return found
 
 
-def _is_loopback(addr: str) -> bool:
-    if addr == "localhost":
-        return True
-    with contextlib.suppress(ValueError):
-        return ipaddress.ip_address(addr).is_loopback
-    return False
-
-
-def peer_identity(config: BenchConfig) -> dict[str, Any]:
-    """What must be the same on every rank: package versions and the model folder's
-    fingerprint (its config.json and weight index bytes, the weight files' names and
-    sizes), with this rank's host."""
-    import torch
-    import transformers
-
-    from .. import __version__
-
-    folder = Path(str(config.model_path)).expanduser()
-    h = hashlib.sha256()
-    for name in ("config.json", "model.safetensors.index.json"):
-        with contextlib.suppress(OSError):
-            h.update(name.encode() + b"\0" + (folder / name).read_bytes()[: 8 << 20])
-    with contextlib.suppress(OSError):
-        for f in sorted(folder.glob("*.safetensors")):
-            h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode())
-    return {
-        "host": socket.gethostname(),
-        "versions": {
-            "pypto-bench": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-        "model": h.hexdigest()[:16],
-    }
-
-
-def check_peers(mine: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:
-    """Every rank's :func:`peer_identity`, gathered; raises the same one-line error on
-    every rank when a peer differs from rank 0 (versions, model) or the rendezvous is
-    loopback while the ranks are on different hosts."""
-    import torch.distributed as dist
-
-    everyone: list[Any] = [None] * launch.world
-    dist.all_gather_object(everyone, mine)
-    hosts = sorted({str(p["host"]) for p in everyone})
-    if len(hosts) > 1 and _is_loopback(launch.master_addr):
-        raise BadInputError(
-            f"the rendezvous address {launch.master_addr} is loopback but the ranks run on "
-            f"{len(hosts)} hosts ({', '.join(hosts[:4])}): set MASTER_ADDR to node 0's address"
-        )
-    ref = everyone[0]
-    for rank, peer in enumerate(everyone[1:], start=1):
-        for key in ("versions", "model"):
-            if peer[key] != ref[key]:
-                what = "package versions" if key == "versions" else "model folder"
-                raise BadInputError(
-                    f"rank {rank} on {peer['host']} has a different {what} than rank 0 on "
-                    f"{ref['host']} ({peer[key]} vs {ref[key]}): install the same versions "
-                    "and copy the same model folder to every node"
-                )
-    return everyone
-
-
 def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     """Run ``config`` as ``launch``'s rank; rank 0 returns the report (written to
     ``--report`` when asked), the others None. Raises ``BadInputError`` for a request the
@@ -260,9 +166,9 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     import json
 
     from ..config import Placement
-    from .launch import report_from_dict
+    from .launch import report_from_folder
     from .preflight import BACKEND_FOR, check_before_launch, visible_devices
-    from .rank import Heartbeat, run_rank
+    from .rank import DEVICE_ID_ENV, Heartbeat, run_rank
 
     if config.nproc not in (1, launch.world):
         raise BadInputError(
@@ -271,6 +177,11 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
         )
     if config.placement == Placement.PIPELINE:
         raise BadInputError("--placement pipeline runs in one process: start it without a launcher")
+    if config.nnodes != 1 or config.rdzv_endpoint is not None:
+        raise BadInputError(
+            f"{launch.launcher} already placed this process (rank {launch.rank} of "
+            f"{launch.world}): drop --nnodes / --rdzv-endpoint, the launcher's own flags set them"
+        )
     config = replace(config, nproc=launch.world)
     config.validate()
     # The checks of a launch, against this node: ranks here, not the world.
@@ -287,6 +198,8 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     )
     if checked.device_type == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    # The device from the local rank, before torch or PyPTO initialise it.
+    os.environ[DEVICE_ID_ENV] = str(launch.local_rank)
     log.info("%s", launch.describe())
     with tempfile.TemporaryDirectory(prefix="pypto-launched-") as tmp:
         folder = Path(tmp)
@@ -300,18 +213,13 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
             "command_line": list(config.command_line or sys.argv),
             "launcher": launch.summary(),
             "identity": peer_identity(config),
+            "comm_env": comm_environment(),
         }
         beat = Heartbeat(folder, launch.rank)
         run_rank(spec, launch.rank, beat, launch=launch)
         if launch.rank != 0:
             return None
-        data = json.loads((folder / "result.json").read_text())
-    report = report_from_dict(data)
-    for warning in report.warnings:
-        log.warning("%s", warning)
-    if config.report_file:
-        report.write(config.report_file)
-    return report
+        return report_from_folder(folder, config)
 
 
 def _local_ranks(launch: Launch) -> int:
@@ -325,12 +233,3 @@ def _asdict(config: BenchConfig) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(config)
-
-
-def unreachable_error(launch: Launch, err: BaseException, timeout_s: float) -> RankFailedError:
-    """The one line for a rendezvous this rank could not reach in time."""
-    return RankFailedError(
-        f"rank {launch.rank} could not reach the rendezvous at {launch.master_addr}:"
-        f"{launch.master_port} within {timeout_s:g} s ({type(err).__name__}): start rank 0 "
-        "there, or set MASTER_ADDR / MASTER_PORT to where it listens"
-    )

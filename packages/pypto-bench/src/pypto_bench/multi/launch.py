@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from pypto_common import atomic_write_text, redact
 
-from ..errors import RankFailedError
+from ..errors import BadInputError, RankFailedError
 from .lifecycle import (
     EXIT_ORPHANED,
     ORPHAN_SIGNAL,
@@ -68,7 +69,9 @@ __all__ = [
     "free_port",
     "launcher_main",
     "report_from_dict",
+    "report_from_folder",
     "run_distributed",
+    "run_node",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,7 +103,28 @@ def run_distributed(
     state_dir: str | Path | None = None,
     validated: bool = False,
 ) -> Report:
-    """Run ``config`` on ``config.nproc`` ranks; the report holds every rank's figures.
+    """Run ``config`` on ``config.nproc`` ranks on this host (see :func:`run_node`, which
+    also runs one node of a multi-node run); the report holds every rank's figures."""
+    if config.nnodes != 1:
+        raise BadInputError(
+            f"--nnodes {config.nnodes}: a node without rank 0 has no report; run it through "
+            "`pypto-bench run` (pypto_bench.multi.run_node in the library)"
+        )
+    report = run_node(config, progress=progress, state_dir=state_dir, validated=validated)
+    assert report is not None  # one node holds every rank, rank 0 included
+    return report
+
+
+def run_node(
+    config: BenchConfig,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    state_dir: str | Path | None = None,
+    validated: bool = False,
+) -> Report | None:
+    """Run this node's ``config.nproc`` ranks (``--nnodes N``: one node of N, met at
+    ``--rdzv-endpoint``); the node holding rank 0 returns the report with every rank's
+    figures, the others None.
 
     ``state_dir`` keeps the run's files (per-rank heartbeats with pids, ``result.json``,
     ``outputs.pt`` with rank 0's single-process and sharded outputs, ``launcher.log``);
@@ -126,12 +150,13 @@ def run_distributed(
         folder = Path(state_dir)
         folder.mkdir(parents=True, exist_ok=True)
         cores = visible_devices("cpu")
+        nodes = config.nnodes > 1
         spec = {
             "config": _config_to_json(config),
             "device_type": checked.device_type,
             "backend": BACKEND_FOR[checked.device_type],
             "port": free_port(),
-            "run_id": uuid.uuid4().hex[:12],
+            "run_id": (config.rdzv_id or "pypto-bench") if nodes else uuid.uuid4().hex[:12],
             "state_dir": str(folder),
             "threads": max(1, cores // config.nproc),
             "plan": checked.plan,
@@ -140,18 +165,45 @@ def run_distributed(
             "parent_pid": os.getpid(),
             "remove_when_orphaned": temporary,
         }
+        if nodes:
+            from .peers import comm_environment, peer_identity
+
+            assert config.rdzv_endpoint is not None  # validated
+            spec.update(
+                {
+                    "nnodes": config.nnodes,
+                    "node_rank": config.node_rank,
+                    "rdzv_endpoint": config.rdzv_endpoint,
+                    "identity": peer_identity(config),
+                    "comm_env": comm_environment(),
+                    "launcher": (
+                        f"torch.distributed.launcher.api.elastic_launch on {config.nnodes} "
+                        f"nodes x {config.nproc} ranks (c10d rendezvous at "
+                        f"{config.rdzv_endpoint}, id {spec['run_id']})"
+                    ),
+                }
+            )
         spec_path = folder / "spec.json"
         atomic_write_text(spec_path, json.dumps(spec))
         log.info(
-            "launching %d ranks (%s, %s, rendezvous 127.0.0.1:%d)",
+            "launching %d ranks (%s, %s, rendezvous %s)",
             config.nproc,
             checked.device_type,
             spec["backend"],
-            spec["port"],
+            config.rdzv_endpoint if nodes else f"127.0.0.1:{spec['port']}",
         )
         _launch_and_wait(spec_path, folder, config)
-        data = json.loads((folder / "result.json").read_text())
-    report = report_from_dict(data)
+        if not (folder / "result.json").is_file():
+            # A node of a multi-node run whose ranks ran, rank 0 elsewhere.
+            log.info("this node's ranks are done; the node holding rank 0 writes the report")
+            return None
+        return report_from_folder(folder, config)
+
+
+def report_from_folder(folder: Path, config: BenchConfig) -> Report:
+    """Rank 0's report from the run's folder: its warnings logged, written to ``--report``
+    when asked (one place for this tool's launcher and the user's)."""
+    report = report_from_dict(json.loads((folder / "result.json").read_text()))
     for warning in report.warnings:
         log.warning("%s", warning)
     if config.report_file:
@@ -212,7 +264,9 @@ def _launch_and_wait(spec_path: Path, folder: Path, config: BenchConfig) -> None
             _kill_group(proc)
             raise
         _kill_group(proc)  # anything a rank left behind (it must not outlive the run)
-    if proc.returncode == 0 and (folder / "result.json").is_file():
+    if proc.returncode == 0 and (
+        (folder / "result.json").is_file() or config.nnodes > 1  # rank 0 on another node
+    ):
         return
     failure = folder / "failure.json"
     if failure.is_file():
@@ -242,10 +296,15 @@ class _Watchdog:
         self.busy: set[int] = set()
 
     def read(self) -> dict[int, dict[str, Any]]:
+        """This node's ranks' heartbeats, by global rank (a node of a multi-node run holds
+        the ranks the rendezvous gave it, not 0..nproc-1)."""
         states = {}
-        for rank in range(self.nproc):
+        for path in self.folder.glob("rank*.json"):
+            m = re.fullmatch(r"rank(\d+)\.json", path.name)
+            if m is None:
+                continue
             with contextlib.suppress(OSError, ValueError):
-                states[rank] = json.loads((self.folder / f"rank{rank}.json").read_text())
+                states[int(m.group(1))] = json.loads(path.read_text())
         return states
 
     def check(self) -> str | None:
@@ -267,7 +326,9 @@ class _Watchdog:
         return self.describe(states)
 
     def describe(self, states: dict[int, dict[str, Any]]) -> str:
-        missing = [r for r in range(self.nproc) if r not in states]
+        missing = (
+            [r for r in range(self.nproc) if r not in states] if len(states) < self.nproc else []
+        )
         stopped = [r for r, st in states.items() if proc_state(st.get("pid")) == "T"]
         steps = {r: int(st.get("step", 0)) for r, st in states.items()}
         behind = [r for r, s in steps.items() if s == min(steps.values())] if steps else []
@@ -361,18 +422,24 @@ def launcher_main(spec_path: str) -> int:
     if spec["device_type"] == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # transformers binds the accelerator
     os.environ["OMP_NUM_THREADS"] = str(spec["threads"])
+    nnodes = int(spec.get("nnodes", 1))
+    endpoint = spec.get("rdzv_endpoint") or f"127.0.0.1:{spec['port']}"
+    host = endpoint.rpartition(":")[0].strip("[]")
+    loopback = host in ("localhost", "127.0.0.1", "::1")
     launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
         nproc_per_node=nproc,
         run_id=spec["run_id"],
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{spec['port']}",
+        rdzv_endpoint=endpoint,
         rdzv_configs={"timeout": int(max(60, spec["config"]["rank_timeout"]))},
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        local_addr="127.0.0.1",
+        # One node (or nodes on one host): loopback; else this host's own name, which the
+        # other nodes' ranks connect to.
+        local_addr="127.0.0.1" if nnodes == 1 or loopback else None,
         # The agent's per-rank logs stay in the run's folder (removed with it), not in a
         # torchelastic_* folder of its own left in the temporary directory.
         logs_specs=DefaultLogsSpecs(log_dir=str(folder / "elastic")),

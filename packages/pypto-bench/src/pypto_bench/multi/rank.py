@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pypto_common import atomic_write_text, redact
 
-from ..errors import EnvironmentMissingError
+from ..errors import EnvironmentMissingError, RankFailedError
 from .aggregate import build_report
 from .arms import Measured, graph_backend_for, make_ctx, measure_arm, measure_baseline
 from .fit import baseline_skip_reason, out_of_memory, release_memory
@@ -192,16 +192,35 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
     kwargs["timeout"] = datetime.timedelta(seconds=wait_s)
     if launch is None:
         dist.init_process_group(**kwargs)
+        if "identity" in spec:  # one node of a multi-node run: the peers checked too
+            from .peers import Launch, check_peers
+
+            host = str(spec["rdzv_endpoint"]).rpartition(":")[0].strip("[]")
+            nodes = Launch("pypto-bench --nnodes", rank, world, 0, host, 0, "--rdzv-endpoint")
+            try:
+                peers = check_peers(spec["identity"], nodes)
+                _share_host(spec, peers, torch)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+                raise
     else:
-        from .external import check_peers, unreachable_error
+        from .peers import check_peers, unreachable_error
 
         try:
             dist.init_process_group(**kwargs)
         except Exception as err:  # the store's connect timeout, refused connections
             raise unreachable_error(launch, err, wait_s) from err
         try:
-            peers = check_peers(spec["identity"], launch)
-            spec["nodes"] = len({str(p["host"]) for p in peers})
+            try:
+                peers = check_peers(spec["identity"], launch)
+            except RuntimeError as err:  # a peer that never answered (gloo's timeout)
+                raise RankFailedError(
+                    f"rank {rank}: the peers did not all answer the check against rank 0 "
+                    f"within {wait_s:g} s ({' '.join(str(err).split())[:120]}): a rank with "
+                    "another world size or rendezvous, or one that died; see its own error"
+                ) from err
+            _share_host(spec, peers, torch)
         except BaseException:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -210,13 +229,12 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
     try:
         # The noise guard's load window: both measurements (rank 0 holds the sampler).
         load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
-        if launch is None:
+        if (launch is None and "identity" not in spec) or rank == 0:  # one node: files in common
             baseline, skipped = _baseline_turn(config, device, rank, beat, folder)
-        else:  # no folder in common across nodes: the others wait in a barrier
-            baseline, skipped = (
-                _baseline_turn(config, device, rank, beat, folder) if rank == 0 else (None, None)
-            )
-        dist.barrier()
+        else:
+            baseline, skipped = None, None
+        with _waiting(beat, rank != 0 and (launch is not None or "identity" in spec)):
+            dist.barrier()
         beat.advance("loading the sharded model")
         runs = _measure_rank(config, device, world, beat, spec)
         figures = {name: r.figures for name, r in runs.items()}
@@ -234,6 +252,44 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
     finally:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def _share_host(spec: dict[str, Any], peers: list[dict[str, Any]], torch: Any) -> None:
+    """Hosts in the run, and on the CPU one core's share per rank *on this host*: each
+    node's launcher counts only its own ranks, and nodes can share a host."""
+    from .preflight import visible_devices
+
+    hosts = [str(p["host"]) for p in peers]
+    spec["nodes"] = len(set(hosts))
+    if spec["device_type"] == "cpu":
+        here = hosts.count(str(spec["identity"]["host"]))
+        spec["threads"] = max(1, visible_devices("cpu") // max(1, here))
+        torch.set_num_threads(int(spec["threads"]))
+
+
+@contextlib.contextmanager
+def _waiting(beat: Heartbeat, on: bool) -> Any:
+    """While a rank waits in the barrier for rank 0's baseline on another node, its
+    heartbeat advances (its node's watchdog sees only its own ranks, all waiting); the
+    process group's timeout still bounds the wait."""
+    if not on:
+        yield
+        return
+    import threading
+
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(_BASELINE_POLL_S * 25):
+            beat.advance("waiting for rank 0's 1-rank baseline")
+
+    thread = threading.Thread(target=tick, name="pypto-bench-baseline-wait", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _baseline_turn(
