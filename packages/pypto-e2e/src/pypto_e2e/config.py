@@ -165,7 +165,16 @@ class RunConfig:
             from pypto_bench import BadInputError
 
             try:
-                self.bench_config(model_path=None, report_file=None).validate()
+                bench = self.bench_config(model_path=None, report_file=None)
+                bench.validate()
+                if bench.nnodes != 1:
+                    # Each node would download, pin and smoke on its own, and only the
+                    # node that ran rank 0 has a report: not one command's flow (yet).
+                    raise BadInputError(
+                        f"--nnodes {bench.nnodes}: pypto-e2e runs on one node; prepare the "
+                        "folder with pypto-e2e run --skip bench, then on every node run "
+                        "pypto-bench run --nnodes ... (docs/workflow.md, More than one machine)"
+                    )
             except BadInputError as err:
                 raise BadRunInputError(
                     str(err), cause=cause_of("pypto-bench", "pypto_bench", err.exit_code)
