@@ -232,10 +232,10 @@ def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path) -> None:
     --rank-timeout); no process of the step is left."""
     port = free_port()
     args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
-            "--iters", "400", "--rank-timeout", "10"]  # fmt: skip
+            "--iters", "20000", "--rank-timeout", "10"]  # fmt: skip
     procs = [_start(args, _slurm(r, 2, port)) for r in (0, 1)]
     try:
-        time.sleep(8)  # both loaded and iterating (a tiny prefill: a few ms a step)
+        time.sleep(8)  # both loaded and iterating (20000 steps: far longer than the test)
         assert procs[0].poll() is None
         assert procs[1].poll() is None
         procs[1].send_signal(signal.SIGKILL)
@@ -350,7 +350,16 @@ def test_killing_one_node_ends_every_process_of_both(tiny: Path, tmp_path: Path)
     port = free_port()
     procs = [
         _node(
-            tiny, tmp_path, n, port, "--regime", "prefill", "--iters", "400", "--rank-timeout", "20"
+            tiny,
+            tmp_path,
+            n,
+            port,
+            "--regime",
+            "prefill",
+            "--iters",
+            "20000",
+            "--rank-timeout",
+            "20",
         )
         for n in (0, 1)
     ]
