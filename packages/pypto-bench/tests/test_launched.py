@@ -422,3 +422,25 @@ def test_ranks_started_with_different_world_sizes_fail_in_one_line_each(tiny: Pa
         # Which rank sees what depends on timing (the rendezvous, or the peer check after
         # it); each line says the world sizes may differ.
         assert "world size" in lines[0]
+
+
+def test_the_model_fingerprint_reads_a_hostile_folder_without_following_or_blocking(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """A FIFO as config.json (a read would block), a weight file linked out of the folder
+    (not followed: its name counts, not the target's size): the peer check's fingerprint
+    still returns, and differs from the real folder's."""
+    from pypto_bench import BenchConfig
+    from pypto_bench.multi.peers import peer_identity
+
+    hostile = tmp_path / "hostile"
+    hostile.mkdir()
+    os.mkfifo(hostile / "config.json")
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"x" * 1000)
+    (hostile / "model.safetensors").symlink_to(outside)
+    got = peer_identity(BenchConfig(model_path=str(hostile)))
+    real = peer_identity(BenchConfig(model_path=str(tiny)))
+    assert got["model"] != real["model"]
+    outside.write_bytes(b"x" * 5)  # the target changes: the fingerprint does not follow it
+    assert peer_identity(BenchConfig(model_path=str(hostile)))["model"] == got["model"]

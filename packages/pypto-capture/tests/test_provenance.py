@@ -100,11 +100,16 @@ def test_recording_compiles_the_same_step_and_records_every_kernel(recorded):
 
 
 def test_no_recording_no_provenance():
+    """Outside recording() the compile is the plain one: no recorder, and no per-kernel
+    profiler ranges in the generated code."""
     net = _Net().eval()
     x = torch.randn(2, 32)
     with torch.no_grad():
-        CompileBackend(torch.device("cpu")).capture(lambda: net(x), warmup=1)
+        step = CompileBackend(torch.device("cpu")).capture(lambda: net(x), warmup=1)
+        with torch.profiler.profile() as prof:
+            step.replay()
     assert active_recorder() is None
+    assert not [e.name for e in prof.events() if e.name.startswith("graph_")]
 
 
 @pytest.mark.parametrize(

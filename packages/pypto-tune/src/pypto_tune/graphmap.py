@@ -25,6 +25,7 @@ guessed breakdown.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -303,20 +304,18 @@ def attribute_captured(
         names = [m for m, _ in modules]
         placed.append((ev, _common(names)))
         ev.extra["fused_across"] = names
+        dur, own, dev = ev.dur_us, ev.self_us, ev.device_us
         for n, (module, share) in enumerate(modules):
-            part = ev if n == 0 else OpEvent(**{**ev.__dict__, "extra": dict(ev.extra)})
+            # The first part is the event itself, the others copies: times scaled by the
+            # module's share, so the kernel's totals are kept.
+            part = ev if n == 0 else dataclasses.replace(ev, extra=dict(ev.extra))
             part.module = module
-            part.dur_us = ev.dur_us * share if n else part.dur_us
+            part.dur_us = dur * share
+            part.self_us = own * share if own is not None else None
+            part.device_us = dev * share if dev is not None else None
             part.extra["share"] = share
             if n:
-                part.self_us = ev.self_us * share if ev.self_us is not None else None
-                part.device_us = ev.device_us * share if ev.device_us is not None else None
                 split.append(part)
-        # The first part was ``ev`` itself: scale it last (its values fed the others).
-        first = modules[0][1]
-        ev.dur_us *= first
-        ev.self_us = ev.self_us * first if ev.self_us is not None else None
-        ev.device_us = ev.device_us * first if ev.device_us is not None else None
     trace.events.extend(split)
     trace.modules.extend(_spans(placed))
     if classes is not None:

@@ -15,7 +15,6 @@ while the ranks run on different hosts are refused in one line naming the rank.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -23,7 +22,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import BadInputError
 from .peers import Launch, comm_environment, peer_identity
@@ -163,11 +162,10 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     ``--report`` when asked), the others None. Raises ``BadInputError`` for a request the
     launch contradicts (``--nproc`` other than the world size, pipeline placement) and
     :class:`~pypto_bench.errors.RankFailedError` when the rendezvous is not reached."""
-    import json
 
     from ..config import Placement
-    from .launch import report_from_folder
-    from .preflight import BACKEND_FOR, check_before_launch, visible_devices
+    from .launch import config_to_json, report_from_folder
+    from .preflight import BACKEND_FOR, check_before_launch
     from .rank import DEVICE_ID_ENV, Heartbeat, run_rank
 
     if config.nproc not in (1, launch.world):
@@ -204,11 +202,12 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     with tempfile.TemporaryDirectory(prefix="pypto-launched-") as tmp:
         folder = Path(tmp)
         spec = {
-            "config": json.loads(json.dumps(_asdict(config))),
+            "config": config_to_json(config),
             "device_type": checked.device_type,
             "backend": BACKEND_FOR[checked.device_type],
             "state_dir": str(folder),
-            "threads": max(1, visible_devices("cpu") // max(1, _local_ranks(launch))),
+            # One core's share per rank on this host: set once the peers are known.
+            "threads": 1,
             "plan": checked.plan,
             "command_line": list(config.command_line or sys.argv),
             "launcher": launch.summary(),
@@ -220,16 +219,3 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
         if launch.rank != 0:
             return None
         return report_from_folder(folder, config)
-
-
-def _local_ranks(launch: Launch) -> int:
-    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
-        with contextlib.suppress(ValueError):
-            return max(1, int(os.environ.get(name, "").split("(")[0]))
-    return launch.world
-
-
-def _asdict(config: BenchConfig) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(config)

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LAUNCHER_MODULE",
     "ORPHAN_GRACE_S",
+    "config_to_json",
     "free_port",
     "launcher_main",
     "report_from_dict",
@@ -152,7 +153,7 @@ def run_node(
         cores = visible_devices("cpu")
         nodes = config.nnodes > 1
         spec = {
-            "config": _config_to_json(config),
+            "config": config_to_json(config),
             "device_type": checked.device_type,
             "backend": BACKEND_FOR[checked.device_type],
             "port": free_port(),
@@ -211,7 +212,8 @@ def report_from_folder(folder: Path, config: BenchConfig) -> Report:
     return report
 
 
-def _config_to_json(config: BenchConfig) -> dict[str, Any]:
+def config_to_json(config: BenchConfig) -> dict[str, Any]:
+    """The config as the spec every rank reads (plain JSON values)."""
     return json.loads(json.dumps(asdict(config)))
 
 

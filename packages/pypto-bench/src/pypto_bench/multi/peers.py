@@ -15,6 +15,7 @@ import ipaddress
 import os
 import re
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMM_VARIABLES",
+    "FINGERPRINT_FILE_LIMIT",
     "Launch",
     "check_peers",
     "comm_environment",
@@ -101,11 +103,14 @@ def peer_identity(config: BenchConfig) -> dict[str, Any]:
     folder = Path(str(config.model_path)).expanduser()
     h = hashlib.sha256()
     for name in ("config.json", "model.safetensors.index.json"):
-        with contextlib.suppress(OSError):
-            h.update(name.encode() + b"\0" + (folder / name).read_bytes()[: 8 << 20])
+        h.update(name.encode() + b"\0" + _bounded(folder / name))
     with contextlib.suppress(OSError):
         for f in sorted(folder.glob("*.safetensors")):
-            h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode())
+            # Names and sizes of the folder's own regular files only (lstat: a link is
+            # not followed out of the folder; its name alone counts).
+            st = f.lstat()
+            size = str(st.st_size) if stat.S_ISREG(st.st_mode) else "not a regular file"
+            h.update(f.name.encode() + b"\0" + size.encode())
     return {
         "host": socket.gethostname(),
         "versions": {
@@ -115,6 +120,21 @@ def peer_identity(config: BenchConfig) -> dict[str, Any]:
         },
         "model": h.hexdigest()[:16],
     }
+
+
+#: Bytes of a small metadata file read for the model fingerprint (config.json, the index).
+FINGERPRINT_FILE_LIMIT = 8 << 20
+
+
+def _bounded(path: Path) -> bytes:
+    """A folder file's bytes for the fingerprint: a regular file up to the limit; anything
+    else (missing, a FIFO, a link out, oversize) is named instead of read."""
+    from pypto_common import UntrustedFileError, read_regular_file
+
+    try:
+        return read_regular_file(path, FINGERPRINT_FILE_LIMIT)
+    except (OSError, UntrustedFileError) as err:
+        return f"<unreadable: {type(err).__name__}>".encode()
 
 
 def check_peers(mine: dict[str, Any], launch: Launch) -> list[dict[str, Any]]:

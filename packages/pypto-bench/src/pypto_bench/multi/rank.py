@@ -255,16 +255,16 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
 
 
 def _share_host(spec: dict[str, Any], peers: list[dict[str, Any]], torch: Any) -> None:
-    """Hosts in the run, and on the CPU one core's share per rank *on this host*: each
-    node's launcher counts only its own ranks, and nodes can share a host."""
+    """Hosts in the run, and one core's share per rank *on this host* (the compute on the
+    CPU, the host work beside an accelerator): each node's launcher counts only its own
+    ranks, a user's launcher none, and nodes can share a host."""
     from .preflight import visible_devices
 
     hosts = [str(p["host"]) for p in peers]
     spec["nodes"] = len(set(hosts))
-    if spec["device_type"] == "cpu":
-        here = hosts.count(str(spec["identity"]["host"]))
-        spec["threads"] = max(1, visible_devices("cpu") // max(1, here))
-        torch.set_num_threads(int(spec["threads"]))
+    here = hosts.count(str(spec["identity"]["host"]))
+    spec["threads"] = max(1, visible_devices("cpu") // max(1, here))
+    torch.set_num_threads(int(spec["threads"]))
 
 
 @contextlib.contextmanager
