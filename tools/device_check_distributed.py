@@ -13,11 +13,18 @@ efficiency, per-rank step min/median/max, communication share, memory per rank):
   NCCL collectives inside; greedy tokens compared with the 1-rank run); with 2+ GPUs also
   ``--placement pipeline`` prefill over every visible GPU (layers split by stages).
 * 7B-class (Qwen2.5-7B shape, 28/4 heads: N <= 4), unless ``--skip-7b``: prefill seq 512.
+* Past one machine (issue #30): with 2+ usable GPUs, the 0.5B prefill as two "nodes" on this
+  host (two ``pypto-bench run --nnodes 2`` processes, each its half of the GPUs, c10d
+  rendezvous on 127.0.0.1; NCCL between them), and ``pypto-tune profile --nproc N``: one
+  profile per rank under ``ranks_05b/`` and its per-rank summary (slowest rank, straggler,
+  time in collectives). One GPU: both skipped, said so (two ranks cannot share a GPU
+  under NCCL).
 
 Every step gets what is left of ``--budget-s`` (a step with under 20 s left is skipped and
 said so); the ranks' own watchdog (``--rank-timeout``) ends a hung rank. Reports, logs and
 summary.md land in ``--out`` (``$OUT``). ``--dry-run``: the same steps on CPU (gloo, 2
-ranks, a tiny Llama, seq 8, plus the decode graph arm): plumbing only, no GPU needed.
+ranks, a tiny Llama, seq 8, plus the decode graph arm, the two nodes and the per-rank
+profile): plumbing only, no GPU needed.
 
     python tools/device_check_distributed.py [--out DIR] [--budget-s 540] [--dry-run] [--skip-7b]
 """
@@ -27,8 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,6 +85,62 @@ def _run(
         "--arms", arms, "--nproc", str(nproc), "--rank-timeout", str(rank_timeout),
         "--placement", placement, "--no-progress", "--report-file", str(report),
     ]  # fmt: skip
+
+
+def two_nodes(steps: Steps, name: str, argv: list[str], gpus: int, limit: float) -> int | None:
+    """``argv`` (a ``pypto-bench run`` without node flags) as two nodes on this host, each
+    node's process group ended when the step ends however it ends; node n sees its half
+    of the GPUs (``gpus`` 0: the CPU)."""
+    left = steps.deadline - time.monotonic()
+    if left < 20:
+        steps.say(f"== {name}: SKIPPED ({left:.0f} s left before the deadline)")
+        return None
+    limit = min(limit, left)
+    steps.say(f"== {name} (two nodes on 127.0.0.1, limit {limit:.0f} s)")
+    from pypto_bench.multi.launch import free_port
+
+    port, half = free_port(), max(1, gpus // 2)
+    procs, logs = [], []
+    start = time.monotonic()
+    try:
+        for n in (0, 1):
+            env = _env()
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(n * half + i) for i in range(half))
+            logs.append((steps.out / f"{name}.node{n}.log").open("w"))
+            node = ["--nnodes", "2", "--node-rank", str(n), "--rdzv-endpoint",
+                    f"127.0.0.1:{port}", "--nproc-per-node", str(half)]  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    argv + node, stdout=logs[-1], stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True,
+                )
+            )  # fmt: skip
+        deadline = start + limit
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        codes = [124 if p.poll() is None else p.returncode for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for fh in logs:
+            fh.close()
+    rc = max(codes, key=abs)
+    steps.say(f"== {name}: rc={rc} (nodes: {codes}) in {time.monotonic() - start:.0f} s")
+    for n in (0, 1):
+        tail = (steps.out / f"{name}.node{n}.log").read_text(errors="replace").splitlines()[-6:]
+        steps.lines.extend(f"    node{n}: {t}" for t in tail)
+    return rc
+
+
+def summarise_ranks(out: Path) -> list[str]:
+    """The per-rank profile's summary (``pypto-tune profile --nproc``), where it ran."""
+    path = out / "ranks_05b" / "ranks.md"
+    if not path.is_file():
+        return []
+    return ["", "Per-rank profile (pypto-tune profile --nproc):", "", path.read_text()]
 
 
 def summarise(out: Path) -> list[str]:
@@ -182,6 +248,22 @@ def main(argv: list[str] | None = None) -> int:
                  **{**kw, "nproc": gpus, "device": "cpu" if args.dry_run else "cuda"}),
             240,
         )  # fmt: skip
+    if gpus >= 2:  # past one machine: two nodes on this host, then a profile per rank
+        nodes_argv = _run(m05, out / "nodes_05b.json", regime="prefill", seq=seq, gen=gen,
+                          iters=iters, arms="eager", **{**kw, "nproc": 1})  # fmt: skip
+        cut = nodes_argv.index("--nproc")
+        del nodes_argv[cut : cut + 2]  # each node's ranks: --nproc-per-node
+        two_nodes(steps, "nodes_05b", nodes_argv, 0 if args.dry_run else gpus, 300)
+        if n_small >= 2:
+            steps.run(
+                "ranks_05b",
+                [sys.executable, "-m", "pypto_tune", "profile", "--model-path", str(m05),
+                 "--device", device, "--dtype", dtype, "--regime", "prefill", "--seq",
+                 str(seq), "--iters", str(iters), "--nproc", str(n_small), "--out", str(out / "ranks_05b")],
+                240,
+            )  # fmt: skip
+    else:
+        steps.say("== nodes_05b, ranks_05b: SKIPPED (one GPU: two ranks cannot share it under NCCL)")
     if not args.skip_7b and not args.dry_run:
         heads = (int(QWEN7B_SHAPE["num_attention_heads"]), int(QWEN7B_SHAPE["num_key_value_heads"]))
         n_big = ranks_for(gpus, heads[1], heads[0])
@@ -193,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                  arms="eager", rank_timeout=rank_timeout),
             300,
         )  # fmt: skip
-    lines = summarise(out)
+    lines = summarise(out) + summarise_ranks(out)
     print("\n".join(lines), flush=True)
     (out / "summary.md").write_text("\n".join(steps.lines + lines) + "\n")
     failed = [ln for ln in steps.lines if ln.startswith("== ") and "rc=" in ln and "rc=0" not in ln]

@@ -47,6 +47,14 @@ def test_dry_run_writes_every_figure(tmp_path):
     assert pipeline["distributed"]["placement"] == "pipeline"
     assert pipeline["distributed"]["agreement"]["ok"]
     assert "| pipeline_05b | eager | 2 | pipeline |" in summary
+    # Past one machine: two nodes on loopback, and one profile per rank with its summary.
+    nodes = json.loads((out / "nodes_05b.json").read_text())["distributed"]
+    assert (nodes["nnodes"], nodes["nproc"], nodes["agreement"]["ok"]) == (2, 2, True)
+    assert "| nodes_05b | eager | 2 | gloo |" in summary
+    ranks = json.loads((out / "ranks_05b" / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks["ranks"]] == [0, 1]
+    assert all((out / "ranks_05b" / r["profile"]).is_file() for r in ranks["ranks"])
+    assert "Per-rank profile" in summary and "Straggler: rank" in summary
     assert not list(out.glob("*.safetensors"))  # model folders stay outside $OUT
 
 

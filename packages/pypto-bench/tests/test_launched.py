@@ -312,12 +312,14 @@ def test_nproc_against_the_launchers_count_is_refused(tiny: Path) -> None:
 # -- this tool's own launcher across nodes: --nnodes / --node-rank / --rdzv-endpoint ------
 
 
-def _node(tiny: Path, tmp: Path, n: int, port: int, *extra: str) -> subprocess.Popen[str]:
+def _node(
+    tiny: Path, tmp: Path, n: int, port: int, *extra: str, **env: str
+) -> subprocess.Popen[str]:
     folder = tmp / f"node{n}"  # each "node" its own temporary folder
     folder.mkdir(exist_ok=True)
     args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--nnodes", "2", "--node-rank",
             str(n), "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", "1", *extra]  # fmt: skip
-    return _start(args, _env(TMPDIR=str(folder)))
+    return _start(args, _env(TMPDIR=str(folder), **env))
 
 
 @pytest.mark.parametrize("regime", ["prefill", "decode"])
@@ -331,10 +333,17 @@ def test_two_nodes_on_loopback_agree_with_one_rank(tiny: Path, tmp_path: Path, r
         str(report),
         *(["--gen", "4"] if regime == "decode" else []),
     ]
-    results = _finish([_node(tiny, tmp_path, n, port, *extra) for n in (0, 1)])
+    # Each node told which interface gloo uses (checked on the node, stated per rank).
+    nodes = [_node(tiny, tmp_path, n, port, *extra, GLOO_SOCKET_IFNAME="lo") for n in (0, 1)]
+    results = _finish(nodes)
     assert [c for c, _, _ in results] == [0, 0], [e[-2000:] for _, _, e in results]
     dist = json.loads(report.read_text())["distributed"]
     assert (dist["nnodes"], dist["nproc_per_node"], dist["nproc"]) == (2, 1, 2)
+    for r in dist["ranks"]:
+        net = r["network"]
+        assert (net["variable"], net["selected"]) == ("GLOO_SOCKET_IFNAME", ["lo"]), net
+        assert (net["route_address"], net["route_interface"]) == ("127.0.0.1", "lo"), net
+        assert net["rendezvous"] == f"127.0.0.1:{port}"
     assert dist["agreement"]["ok"] is True  # logits / greedy tokens equal the 1-rank run's
     assert "2 nodes x 1 ranks" in dist["launcher"]
     # Both "nodes" share this host: each rank one core's share of it, not all of them.
@@ -383,6 +392,32 @@ def test_killing_one_node_ends_every_process_of_both(tiny: Path, tmp_path: Path)
         assert not [p for p in family if alive(p)]
     finally:
         _reap(procs)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("GLOO_SOCKET_IFNAME", "nosuch0", "no interface 'nosuch0' on"),
+        ("GLOO_SOCKET_IFNAME", "lo,nosuch0", "no interface 'nosuch0' on"),
+    ],
+)
+def test_an_interface_this_node_lacks_is_one_line_before_anything_starts(
+    tiny: Path, tmp_path: Path, variable: str, value: str, needle: str
+) -> None:
+    """Own launcher across nodes and a user's launcher (a Slurm step) alike: the node with
+    the wrong interface says so, starts no rank and leaves nothing in its temp folder."""
+    port = free_port()
+    own = _node(tiny, tmp_path, 0, port, **{variable: value})
+    slurm = _start(
+        [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--launched"],
+        _slurm(0, 2, port, **{variable: value, "TMPDIR": str(tmp_path / "node0")}),
+    )
+    for code, _out, err in _finish([own, slurm], timeout=120):
+        assert code == EXIT.USAGE, err[-2000:]
+        errors = [ln for ln in err.splitlines() if "error:" in ln]
+        assert len(errors) == 1 and needle in errors[0], err[-2000:]
+        assert "lo" in errors[0]  # names what this host has
+    assert list((tmp_path / "node0").iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -169,6 +169,11 @@ class BenchConfig:
     node_rank: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    # Ranks only (set by ``pypto-tune profile --nproc``): a folder where every rank keeps
+    # the profiled step it measures communication on, per arm, in the layout the field's
+    # cluster tools read (pypto_bench.multi.comm). Like report_file, not part of what is
+    # measured (to_dict).
+    rank_profiles: str | None = None
     # A vision-language model's prefill on an image + text prompt (``--image FILE``): the
     # whole model, vision tower included, on inputs the folder's processor builds. None:
     # text prompts (a VL model's language model). pypto_bench.vision reads the file.
@@ -445,6 +450,11 @@ def validate_placement(config: BenchConfig) -> None:
         )
     if len(config.batches) > 1:
         raise BadInputError(f"--nproc {n} takes one --batch, not a sweep: pass a single size")
+    if config.rank_profiles is not None and config.placement != Placement.TENSOR:
+        raise BadInputError(
+            "per-rank profiles are of tensor-parallel ranks; --placement pipeline runs one "
+            "process: profile it without --nproc"
+        )
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:

@@ -205,6 +205,8 @@ def _profile(args: argparse.Namespace, command_line: list[str]) -> int:
         if not args.quiet:
             print(f"pypto-tune: {msg}", file=sys.stderr)
 
+    if config.nproc > 1 or config.nnodes > 1:
+        return _profile_ranks(args, config, out)
     prof = profile_model(
         config,
         arm=args.arm,
@@ -227,6 +229,40 @@ def _profile(args: argparse.Namespace, command_line: list[str]) -> int:
         print(to_markdown(prof), file=sys.stderr)
     if args.json:
         print(json.dumps(redact_obj(prof.to_dict()), default=str))
+    return EXIT.OK
+
+
+def _profile_ranks(args: argparse.Namespace, config: Any, out: Path | None) -> int:
+    """``--nproc N`` / ``--nnodes N``: every rank's profiled step kept under ``--out``."""
+    from .ranks import profile_ranks, ranks_markdown
+
+    world = f"--nproc {config.nproc}" if config.nnodes == 1 else f"--nnodes {config.nnodes}"
+    if out is None:
+        raise BadInputError(f"{world} keeps one profile per rank: name a folder with --out DIR")
+    if args.level != "light" or args.threshold:
+        flag = "--level detail" if args.level != "light" else "--threshold"
+        raise BadInputError(
+            f"{flag} applies to a one-process profile; {world} profiles each rank's step "
+            f"for its collectives: drop {flag}, or profile without {world}"
+        )
+    from dataclasses import replace
+
+    # The run's timed iterations give each rank's step; one more, profiled, its collectives.
+    config = replace(config, iters=args.iters, warmup=args.warmup)
+    got = profile_ranks(config, arm=args.arm, out=out)
+    if got.summary is None:
+        if not args.quiet:
+            print(
+                f"pypto-tune: this node's ranks kept their profiles in {got.folder}; the node "
+                "that ran rank 0 writes the summary",
+                file=sys.stderr,
+            )
+        return EXIT.OK
+    if not args.quiet:
+        print(f"pypto-tune: wrote {', '.join(got.written.values())}", file=sys.stderr)
+        print(ranks_markdown(got.summary), file=sys.stderr)
+    if args.json:
+        print(json.dumps(redact_obj(got.summary), default=str))
     return EXIT.OK
 
 

@@ -14,6 +14,7 @@ __all__ = [
     "ProfileFormatError",
     "SearchFailedError",
     "TuneError",
+    "from_bench_error",
 ]
 
 #: pypto-tune's exit codes (shared 0-3 plus its own range 80-89).
@@ -92,3 +93,19 @@ class SearchFailedError(TuneError):
     """No candidate of a tile search ran."""
 
     exit_code = EXIT.SEARCH_FAILED
+
+
+def from_bench_error(err: Exception) -> TuneError:
+    """A pypto-bench error as pypto-tune's own kind (exit codes stay in this tool's table):
+    a bad request or a missing environment keeps its kind, a failed rank or step is a
+    failed profile, anything else a plain failure."""
+    import pypto_bench
+
+    msg = str(err)
+    if isinstance(err, pypto_bench.BadInputError):
+        return BadInputError(msg)
+    if isinstance(err, pypto_bench.EnvironmentMissingError):
+        return EnvironmentMissingError(msg)
+    if isinstance(err, pypto_bench.RankFailedError):
+        return ProfileFailedError(msg)
+    return TuneError(msg)

@@ -25,7 +25,12 @@ from .collect import (
     launch_probe,
 )
 from .collect import profile as raw_profile
-from .errors import BadInputError, EnvironmentMissingError, ProfileFailedError, TuneError
+from .errors import (
+    BadInputError,
+    ProfileFailedError,
+    TuneError,
+    from_bench_error,
+)
 from .records import Profile, RawTrace
 from .summary import summarize
 
@@ -48,18 +53,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
-
-
-def _bench_error(err: Exception) -> TuneError:
-    """A pypto-bench error as pypto-tune's own kind (exit codes stay in this tool's table)."""
-    import pypto_bench
-
-    msg = str(err)
-    if isinstance(err, pypto_bench.BadInputError):
-        return BadInputError(msg)
-    if isinstance(err, pypto_bench.EnvironmentMissingError):
-        return EnvironmentMissingError(msg)
-    return TuneError(msg)
 
 
 def dynamo_counters() -> dict[str, Any]:
@@ -290,7 +283,7 @@ def profile_step(
         raise
     except Exception as err:
         if type(err).__module__.startswith("pypto_bench"):
-            raise _bench_error(err) from err
+            raise from_bench_error(err) from err
         raise ProfileFailedError(
             f"the profiled step raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"
         ) from err
@@ -500,7 +493,7 @@ def profile_model(
     try:
         session = pypto_bench.open_session(config)
     except pypto_bench.BenchError as err:
-        raise _bench_error(err) from err
+        raise from_bench_error(err) from err
     cfg = session.config
     say(f"{arm}: building the step")
     from pypto_capture.provenance import recording
@@ -536,7 +529,7 @@ def profile_model(
     except TuneError:
         raise
     except pypto_bench.BenchError as err:
-        raise _bench_error(err) from err
+        raise from_bench_error(err) from err
     except Exception as err:
         raise ProfileFailedError(
             f"the {arm} step raised {type(err).__name__}: {' '.join(str(err).split())[:300]}"

@@ -8,6 +8,7 @@ The one module of :mod:`pypto_bench.multi` that calls the single-process protoco
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._shared import Beat, spread
@@ -51,10 +52,11 @@ def make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick:
     return make_context(config, model, tokenizer, device, tick)
 
 
-def measure_arm(ctx: Any, name: str, *, with_comm: bool) -> Measured:
+def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = None) -> Measured:
     """The single-process protocol of ``pypto_bench.bench`` for arm ``name`` on this
     process's model (eager: prefill or generate; graph: the captured decode step), plus,
-    with ``with_comm``, the communication of one extra profiled step."""
+    with ``with_comm``, the communication of one extra profiled step (kept in ``keep_in``
+    where given: :func:`pypto_bench.multi.comm.communication`)."""
     import torch
 
     from ..protocol import Memory, moe_routing_for
@@ -82,7 +84,7 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool) -> Measured:
                     "unmeasured": GRAPH_COMM_UNMEASURED_CPU,
                 }  # fmt: skip
             else:
-                comm = communication(keep["once"], ctx.device)
+                comm = communication(keep["once"], ctx.device, keep_in=keep_in)
         return Measured(arm, tokens, tokens.detach().cpu(), _rank_figures(arm, comm))
     if ctx.config.regime == "prefill":
         tokens = run_eager_prefill(ctx, arm, mem)
@@ -97,7 +99,7 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool) -> Measured:
     with torch.inference_mode():
         out = prefill_fn(ctx)() if ctx.config.regime == "prefill" else tokens
     out = out.full_tensor() if hasattr(out, "full_tensor") else out
-    comm = communication(step, ctx.device) if with_comm else None
+    comm = communication(step, ctx.device, keep_in=keep_in) if with_comm else None
     return Measured(arm, tokens, out.detach().float().cpu(), _rank_figures(arm, comm))
 
 

@@ -1,10 +1,21 @@
 """How much of a rank's step is communication: one extra profiled step (never a timed
 one) and the union of its collectives' spans, from torch.profiler (CPU: c10d ops; CUDA:
-NCCL kernels) or torch_npu.profiler's trace_view.json (HCCL operators)."""
+NCCL kernels) or torch_npu.profiler's trace_view.json (HCCL operators).
+
+Asked to keep that step (``keep_in``: ``pypto-tune profile --nproc``), every rank leaves
+its profile in one folder per arm, in the layout the field's cluster tools read: on NPU
+torch_npu's own ``<host>_<pid>_<time>_ascend_pt`` folders side by side (what
+msprof-analyze's cluster analysis takes as its input folder), elsewhere one Chrome trace
+per rank, ``rank<R>.trace.json``, carrying torch's ``distributedInfo`` (rank, world size:
+what per-rank trace tools such as Holistic Trace Analysis read).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -14,6 +25,7 @@ from typing import Any
 __all__ = [
     "COLLECTIVE_PREFIXES",
     "GRAPH_COMM_UNMEASURED_CPU",
+    "RANK_TRACE_NAME",
     "communication",
     "hccl_spans",
     "union_of_spans",
@@ -28,6 +40,8 @@ GRAPH_COMM_UNMEASURED_CPU = (
     "not measured on CPU: torch.profiler over the compiled step with gloo collectives in "
     "flight can crash a rank (SIGSEGV in wait_tensor); measured on CUDA (NCCL kernels)"
 )
+#: A rank's kept Chrome trace in its arm's folder (CPU / CUDA), by global rank.
+RANK_TRACE_NAME = "rank{rank}.trace.json"
 #: torch_npu.profiler's trace_view.json: HCCL operators are spans named ``hcom_<op>_...``
 #: on the communication rows (process named "HCCL" / "Communication").
 _HCCL_PROCESSES = ("hccl", "communication")
@@ -35,13 +49,16 @@ _HCCL_PROCESSES = ("hccl", "communication")
 _MAX_TRACE_BYTES = 256 * 1024 * 1024
 
 
-def communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
+def communication(
+    step: Callable[[], Any], device: Any, *, keep_in: Path | None = None
+) -> dict[str, Any]:
     """Time inside collectives during one extra profiled step (never a timed one).
 
     CPU (gloo): the union of the rank's c10d / functional-c10d op intervals, i.e. the time
     the rank's thread spent inside collective calls. CUDA: the union of NCCL kernels on
     the device. Share = that time / the profiled step's wall time (profiler overhead
-    included in both).
+    included in both). ``keep_in``: the arm's folder where this rank's profile stays
+    (``figures["profile"]`` names it, relative to the folder).
     """
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -49,7 +66,7 @@ def communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
     from pypto_capture import synchronize
 
     if device.type == "npu":
-        return _communication_npu(step, device)
+        return _communication_npu(step, device, keep_in)
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -82,6 +99,14 @@ def communication(step: Callable[[], Any], device: Any) -> dict[str, Any]:
     # Per op name (seconds, summed; spans may nest): where the time went, e.g. a
     # functional all-reduce vs the wait_tensor that blocks until the peers arrive.
     figures["by_op_s"] = dict(sorted(by_op.items(), key=lambda kv: -kv[1])[:8])
+    if keep_in is not None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        name = RANK_TRACE_NAME.format(rank=rank)
+        keep_in.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(keep_in / name))
+        figures["profile"] = name
     return figures
 
 
@@ -98,16 +123,29 @@ def _comm_figures(spans: list[tuple[float, float]], wall: float, method: str) ->
     }
 
 
-def _communication_npu(step: Callable[[], Any], device: Any) -> dict[str, Any]:
+def _communication_npu(
+    step: Callable[[], Any], device: Any, keep_in: Path | None
+) -> dict[str, Any]:
     """HCCL time of one profiled step with torch_npu.profiler (it has no in-memory events:
-    it writes an ``*_ascend_pt`` folder, whose trace_view.json is read back here)."""
+    it writes an ``*_ascend_pt`` folder, whose trace_view.json is read back here). Kept:
+    in ``keep_in`` beside the other ranks' folders, this rank's found by its host and pid
+    (torch_npu names it ``<host>_<pid>_<time>_ascend_pt``)."""
+    import socket
+
     import torch
 
     from pypto_capture import synchronize
 
     from ..environment import NPU
 
-    with tempfile.TemporaryDirectory(prefix="pypto-hccl-") as out:
+    with contextlib.ExitStack() as stack:
+        if keep_in is None:
+            out = stack.enter_context(tempfile.TemporaryDirectory(prefix="pypto-hccl-"))
+            own = "*_ascend_pt"
+        else:
+            keep_in.mkdir(parents=True, exist_ok=True)
+            out = str(keep_in)
+            own = f"{glob.escape(socket.gethostname())}_{os.getpid()}_*_ascend_pt"
         handler = NPU.resolve("torch_npu.profiler.tensorboard_trace_handler")(dir_name=out)
         activity = "torch_npu.profiler.ProfilerActivity."
         prof = NPU.resolve("torch_npu.profiler.profile")(
@@ -120,18 +158,21 @@ def _communication_npu(step: Callable[[], Any], device: Any) -> dict[str, Any]:
             step()
             synchronize(device)
             wall = time.perf_counter() - start
-        traces = sorted(Path(out).glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json"))
+        traces = sorted(Path(out).glob(f"{own}/ASCEND_PROFILER_OUTPUT/trace_view.json"))
         if not traces:
             return {
                 "seconds": None, "step_seconds": wall, "share": None, "method": None,
                 "unmeasured": "torch_npu.profiler wrote no trace_view.json (see ~/ascend/log)",
             }  # fmt: skip
         spans = hccl_spans(traces[-1])
-    return _comm_figures(
+    figures = _comm_figures(
         spans,
         wall,
         "torch_npu.profiler: hcom_* operators on the HCCL rows of trace_view.json (union)",
     )
+    if keep_in is not None:
+        figures["profile"] = traces[-1].parents[1].name
+    return figures
 
 
 def hccl_spans(trace_view: Path) -> list[tuple[float, float]]:

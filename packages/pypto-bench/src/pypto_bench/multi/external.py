@@ -165,8 +165,9 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
 
     from ..config import Placement
     from .launch import config_to_json, report_from_folder
+    from .network import check_network
     from .preflight import BACKEND_FOR, check_before_launch
-    from .rank import DEVICE_ID_ENV, Heartbeat, run_rank
+    from .rank import Heartbeat, bind_local_device, run_rank
 
     if config.nproc not in (1, launch.world):
         raise BadInputError(
@@ -182,9 +183,14 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
         )
     config = replace(config, nproc=launch.world)
     config.validate()
+    # The device from the local rank, before torch or PyPTO initialise it.
+    bind_local_device(launch.local_rank, str(config.device))
     # The checks of a launch, against this node: ranks here, not the world.
     local = replace(config, nproc=min(launch.world, launch.local_rank + 1))
     checked = check_before_launch(local)
+    network = check_network(
+        BACKEND_FOR[checked.device_type], launch.master_addr, launch.master_port
+    )
     os.environ.update(
         {
             "RANK": str(launch.rank),
@@ -196,8 +202,6 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
     )
     if checked.device_type == "cpu":
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    # The device from the local rank, before torch or PyPTO initialise it.
-    os.environ[DEVICE_ID_ENV] = str(launch.local_rank)
     log.info("%s", launch.describe())
     with tempfile.TemporaryDirectory(prefix="pypto-launched-") as tmp:
         folder = Path(tmp)
@@ -213,6 +217,7 @@ def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
             "launcher": launch.summary(),
             "identity": peer_identity(config),
             "comm_env": comm_environment(),
+            "network": network,
         }
         beat = Heartbeat(folder, launch.rank)
         run_rank(spec, launch.rank, beat, launch=launch)

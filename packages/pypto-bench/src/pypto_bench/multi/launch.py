@@ -144,6 +144,15 @@ def run_node(
     if not validated:
         config.validate()
     checked = check_before_launch(config)
+    network = None
+    if config.nnodes > 1:  # this node's interfaces for the backend, before anything starts
+        from ..config import parse_endpoint
+        from .network import check_network
+
+        assert config.rdzv_endpoint is not None  # validated
+        network = check_network(
+            BACKEND_FOR[checked.device_type], *parse_endpoint(config.rdzv_endpoint)
+        )
     with sigterm_as_interrupt(), contextlib.ExitStack() as stack:
         temporary = state_dir is None
         if state_dir is None:
@@ -177,6 +186,7 @@ def run_node(
                     "rdzv_endpoint": config.rdzv_endpoint,
                     "identity": peer_identity(config),
                     "comm_env": comm_environment(),
+                    "network": network,
                     "launcher": (
                         f"torch.distributed.launcher.api.elastic_launch on {config.nnodes} "
                         f"nodes x {config.nproc} ranks (c10d rendezvous at "

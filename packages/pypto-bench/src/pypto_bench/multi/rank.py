@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import fields
@@ -39,6 +40,7 @@ __all__ = [
     "LAUNCHER_PID_ENV",
     "RANK_PARENT_POLL_S",
     "Heartbeat",
+    "bind_local_device",
     "config_from_json",
     "rank_main",
     "run_rank",
@@ -120,20 +122,29 @@ def _rank_ends_with_launcher() -> None:
     watch_parent(launcher, end_group, poll_s=RANK_PARENT_POLL_S)
 
 
-def _set_device_env(local_rank: int) -> None:
-    """``TILE_FWK_DEVICE_ID``: the rank's local device index, before PyPTO can be imported
-    (nothing of the rank imports it before this point: pypto_bench imports it lazily)."""
+def bind_local_device(local_rank: int, device: str) -> list[str]:
+    """Bind this rank to its local device before torch or PyPTO can initialise one:
+    ``TILE_FWK_DEVICE_ID`` (the local device index) and, where ``device`` may be an NPU,
+    the allocator's ``PYTORCH_NPU_ALLOC_CONF`` (read once, at device init); the device
+    itself is set from the local rank when the rank opens it. Returns the warnings of a
+    binding that came too late (PyPTO or the NPU already initialised)."""
+    from ..environment import prepare_device_env
+
+    warnings = prepare_device_env(device)
     if "pypto" in sys.modules:
-        log.warning("PyPTO was imported before %s was set: it may use device 0", DEVICE_ID_ENV)
+        msg = f"PyPTO was imported before {DEVICE_ID_ENV} was set: it may use device 0"
+        log.warning("%s", msg)
+        warnings.append(msg)
     os.environ[DEVICE_ID_ENV] = str(local_rank)
+    return warnings
 
 
 def rank_main(spec_path: str) -> None:
     """Entry point of every rank (run by the elastic agent in a spawned process)."""
     _rank_ends_with_launcher()
-    _set_device_env(int(os.environ.get("LOCAL_RANK", "0")))
-    rank = int(os.environ["RANK"])
     spec = json.loads(Path(spec_path).read_text())
+    bind_local_device(int(os.environ.get("LOCAL_RANK", "0")), str(spec["device_type"]))
+    rank = int(os.environ["RANK"])
     folder = Path(spec["state_dir"])
     beat = Heartbeat(folder, rank)
     try:
@@ -366,7 +377,11 @@ def _measure_rank(
     if "graph" in config.arms:
         ctx.graph_backend = graph_backend_for(config, device)
     dist.barrier()
-    runs = {name: measure_arm(ctx, name, with_comm=True) for name in config.arms}
+    kept = Path(config.rank_profiles) if config.rank_profiles else None
+    runs = {
+        name: measure_arm(ctx, name, with_comm=True, keep_in=kept / name if kept else None)
+        for name in config.arms
+    }
     run = runs[config.arms[0]]
     for r in runs.values():
         r.ctx = ctx
@@ -374,6 +389,9 @@ def _measure_rank(
         {
             "rank": dist.get_rank(),
             "pid": os.getpid(),
+            "host": socket.gethostname(),
+            # This node's interfaces for the collectives (multi-node runs: multi.network).
+            "network": spec.get("network"),
             "device": str(device),
             DEVICE_ID_ENV: os.environ.get(DEVICE_ID_ENV),
             "load_s": load_s,
