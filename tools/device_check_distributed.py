@@ -263,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                 240,
             )  # fmt: skip
     else:
-        steps.say("== nodes_05b, ranks_05b: SKIPPED (one GPU: two ranks cannot share it under NCCL)")
+        steps.say(
+            "== nodes_05b, ranks_05b: SKIPPED (one GPU: two ranks cannot share it under NCCL)"
+        )
     if not args.skip_7b and not args.dry_run:
         heads = (int(QWEN7B_SHAPE["num_attention_heads"]), int(QWEN7B_SHAPE["num_key_value_heads"]))
         n_big = ranks_for(gpus, heads[1], heads[0])

@@ -415,7 +415,8 @@ def test_an_interface_this_node_lacks_is_one_line_before_anything_starts(
     for code, _out, err in _finish([own, slurm], timeout=120):
         assert code == EXIT.USAGE, err[-2000:]
         errors = [ln for ln in err.splitlines() if "error:" in ln]
-        assert len(errors) == 1 and needle in errors[0], err[-2000:]
+        assert len(errors) == 1, err[-2000:]
+        assert needle in errors[0], err[-2000:]
         assert "lo" in errors[0]  # names what this host has
     assert list((tmp_path / "node0").iterdir()) == []
 

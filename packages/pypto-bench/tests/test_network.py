@@ -30,15 +30,15 @@ def test_this_host_has_loopback_with_its_address() -> None:
 
 
 @pytest.mark.parametrize("backend", ["gloo", "nccl", "hccl"])
-def test_an_interface_the_host_has_is_stated(
-    monkeypatch: pytest.MonkeyPatch, backend: str
-) -> None:
+def test_an_interface_the_host_has_is_stated(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     monkeypatch.setenv(IFNAME_VARIABLE[backend], "lo")
     for name in ("HCCL_IF_IP", "HCCL_IF_BASE_PORT"):
         monkeypatch.delenv(name, raising=False)
     got = check_network(backend, "127.0.0.1", 29500)
-    assert got["selected"] == ["lo"] and got["route_interface"] == "lo"
-    assert got["host"] == socket.gethostname() and "note" not in got
+    assert got["selected"] == ["lo"]
+    assert got["route_interface"] == "lo"
+    assert got["host"] == socket.gethostname()
+    assert "note" not in got
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,8 @@ def test_an_interface_the_host_lacks_is_one_line(
     with pytest.raises(BadInputError) as caught:
         check_network(backend, "127.0.0.1", 29500)
     line = str(caught.value)
-    assert needle in line and "\n" not in line
+    assert needle in line
+    assert "\n" not in line
     assert all(n in line for n in NAMES)  # what this host has, to choose from
 
 

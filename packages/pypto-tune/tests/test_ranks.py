@@ -30,8 +30,19 @@ def _env() -> dict[str, str]:
 def ranks_run(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("ranks") / "out"
     got = subprocess.run(
-        [TUNE, *PROFILE, "--model-path", str(tiny_llama), "--nproc", "2", "--regime",
-         "prefill", "--out", str(out), "--json"],  # fmt: skip
+        [
+            TUNE,
+            *PROFILE,
+            "--model-path",
+            str(tiny_llama),
+            "--nproc",
+            "2",
+            "--regime",
+            "prefill",
+            "--out",
+            str(out),
+            "--json",
+        ],
         env=_env(),
         capture_output=True,
         text=True,
@@ -45,7 +56,8 @@ def test_every_rank_keeps_its_profile_under_one_folder(ranks_run: tuple[Path, st
     out, stdout = ranks_run
     summary = json.loads(stdout)
     assert summary == json.loads((out / "ranks.json").read_text())
-    assert summary["schema"] == RANKS_SCHEMA and summary["arm"] == "eager"
+    assert summary["schema"] == RANKS_SCHEMA
+    assert summary["arm"] == "eager"
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     for r in summary["ranks"]:
         trace = out / r["profile"]
@@ -61,14 +73,16 @@ def test_every_rank_keeps_its_profile_under_one_folder(ranks_run: tuple[Path, st
         assert r["outside_collectives_s"] == pytest.approx(
             r["profiled_step_s"] - r["collectives_s"]
         )
-        assert r["step_s"] > 0 and r["top_collective"]
+        assert r["step_s"] > 0
+        assert r["top_collective"]
     worst = max(summary["ranks"], key=lambda r: r["outside_collectives_s"])
     assert summary["straggler_rank"] == worst["rank"]
     assert summary["compute_imbalance"] >= 1.0
     report = json.loads((out / "report.json").read_text())
     assert report["distributed"]["nproc"] == 2
     md = (out / "ranks.md").read_text()
-    assert f"Straggler: rank {worst['rank']}" in md and "rank1.trace.json" in md
+    assert f"Straggler: rank {worst['rank']}" in md
+    assert "rank1.trace.json" in md
 
 
 @pytest.mark.parametrize(
@@ -77,7 +91,10 @@ def test_every_rank_keeps_its_profile_under_one_folder(ranks_run: tuple[Path, st
         (["--nproc", "2"], "name a folder with --out DIR"),
         (["--nproc", "2", "--out", "{tmp}/o", "--level", "detail"], "drop --level detail"),
         (["--nproc", "2", "--out", "{tmp}/o", "--threshold", "norm_share=0.2"], "drop --threshold"),
-        (["--nproc", "2", "--out", "{tmp}/o", "--regime", "diffusion-generate"], "--nproc 2 runs the"),
+        (
+            ["--nproc", "2", "--out", "{tmp}/o", "--regime", "diffusion-generate"],
+            "--nproc 2 runs the",
+        ),
     ],
 )
 def test_a_request_a_rank_profile_cannot_take_is_one_line(
@@ -93,7 +110,8 @@ def test_a_request_a_rank_profile_cannot_take_is_one_line(
     )
     assert got.returncode == EXIT.USAGE, got.stderr[-2000:]
     errors = [ln for ln in got.stderr.splitlines() if "error:" in ln]
-    assert len(errors) == 1 and needle in errors[0], got.stderr[-2000:]
+    assert len(errors) == 1, got.stderr[-2000:]
+    assert needle in errors[0], got.stderr[-2000:]
     assert not (tmp_path / "o").exists()
 
 
@@ -134,14 +152,19 @@ def test_an_edited_report_is_read_defensively(tmp_path: Path) -> None:
     assert rows[0]["profile"] == "ranks/eager/rank0.trace.json"
     assert rows[0]["top_collective"] == "c10d::allreduce_"
     assert rows[0]["collectives_share"] == pytest.approx(0.2)
-    assert rows[1]["profile"] is None and rows[1]["step_s"] is None  # no path out, no guess
-    assert rows[2]["profile"] is None and rows[2]["step_s"] is None  # a link is not followed
+    assert rows[1]["profile"] is None
+    assert rows[1]["step_s"] is None
+    assert rows[2]["profile"] is None
+    assert rows[2]["step_s"] is None
     assert rows[3]["step_s"] is None
-    assert None in rows and rows[None]["outside_collectives_s"] is None
-    assert summary["straggler_rank"] == 0 and summary["slowest_rank"] == 0
+    assert None in rows
+    assert rows[None]["outside_collectives_s"] is None
+    assert summary["straggler_rank"] == 0
+    assert summary["slowest_rank"] == 0
     md = ranks_markdown(summary)
     table_row = next(ln for ln in md.splitlines() if ln.startswith("| 0 |"))
-    assert "a\\|b <script>" in table_row and table_row.count(" | ") == 8
+    assert "a\\|b <script>" in table_row
+    assert table_row.count(" | ") == 8
 
 
 def test_a_report_without_ranks_is_refused(tmp_path: Path) -> None:
