@@ -82,6 +82,17 @@ def test_sweep_gives_one_entry_per_batch_with_sane_figures(sweep_report):
         assert graph["ratio_to_eager"] == pytest.approx(
             graph["tokens_per_s"]["best"] / entry["arms"][0]["tokens_per_s"]["best"]
         )
+        # Each batch's arms ran in their own interleaved rounds; its ratio has an interval.
+        assert entry["schedule"]["kind"] == "interleaved"
+        assert entry["schedule"]["order"] == [
+            ["eager", 0],
+            ["graph", 0],
+            ["graph", 1],
+            ["eager", 1],
+        ]
+        ratio = graph["ratio_vs_eager"]
+        assert ratio["low"] <= ratio["median"] <= ratio["high"]
+        assert ratio["rounds"] == 2
     for arm in ("eager", "graph"):
         one, two = roofs[(1, arm)], roofs[(2, arm)]
         # Twice the rows: twice the FLOPs per step, the same compute ceiling in tok/s;
@@ -106,6 +117,11 @@ def test_sweep_is_rendered_per_batch(sweep_report):
     rows = [ln for ln in md.splitlines() if ln.startswith(("| 1 |", "| 2 |"))]
     assert len(rows) == 4  # 2 batches x 2 arms
     assert all("bandwidth" in r or "compute" in r for r in rows)
+    # The graph rows' "x eager" is the paired ratio with its interval, as in the arms table.
+    for batch, entry in zip(("| 1 |", "| 2 |"), sweep_report["batch_sweep"], strict=True):
+        ratio = entry["arms"][1]["ratio_vs_eager"]
+        row = next(r for r in rows if r.startswith(batch) and "| graph |" in r)
+        assert f"{ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}]" in row
 
 
 @pytest.mark.parametrize(

@@ -317,3 +317,45 @@ def test_bad_flags_exit_2_with_one_line(tiny_llama, tmp_path, capsys, argv, need
     assert len(err) == 1, err
     assert needle in err[0]
     assert not report.exists()
+
+
+def test_diffusion_arms_interleave_and_keep_their_figures(diffusion_model, tmp_path):
+    """The diffusion regime in rounds: one whole generation per arm per round, the graph
+    arm's capture outside them, its tokens compared with eager's, its diffusion figures
+    (path, forwards per iteration) as the sequential protocol writes them."""
+    out = tmp_path / "diff.json"
+    base = BenchConfig(
+        model_path=str(diffusion_model),
+        device="cpu",
+        regime="diffusion-generate",
+        seq=4,
+        gen=8,
+        diffusion_steps=4,
+        warmup=1,
+        iters=3,
+        arms=("eager", "graph"),
+        graph_backend="eager",
+        measure_bandwidth=False,
+        trust_remote_code=True,  # the tiny protocol model is a folder of our own code
+    )
+    report = run_bench(replace(base, report_file=str(out)))
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, schema())
+    assert report.ok, [a.error for a in report.arms]
+    sched = data["schedule"]
+    assert sched["kind"] == "interleaved"
+    assert "why" not in sched
+    _abba(sched["order"], ["eager", "graph"], 3)
+    eager, graph = report.arm("eager"), report.arm("graph")
+    assert graph.token_match["rate"] == 1.0
+    assert graph.details["capture_s"] > 0
+    assert graph.ratio_vs_eager["rounds"] == 3
+    sequential = run_bench(replace(base, schedule="sequential"))
+    assert sequential.schedule["kind"] == "sequential"
+    for a, b in ((eager, sequential.arm("eager")), (graph, sequential.arm("graph"))):
+        assert len(a.tokens_per_s["samples"]) == 3
+        assert a.tokens_per_iter == b.tokens_per_iter
+        da, db = a.details["diffusion"], b.details["diffusion"]
+        assert da["path"] == db["path"]
+        assert da["denoising_steps_per_iter"] == db["denoising_steps_per_iter"]
+        assert da["forward_passes_per_iter"] == db["forward_passes_per_iter"]

@@ -294,6 +294,9 @@ def _sweep_entry(batch: int, run: Report) -> dict[str, Any]:
                 "ttft_s": a.ttft_s,
                 "ratio_to_eager": a.ratio_to_eager,
                 "ratio_to_peer": a.ratio_to_peer,
+                # The paired ratios of this batch's rounds, with their 95% intervals.
+                "ratio_vs_eager": a.ratio_vs_eager,
+                "ratio_vs_peer": a.ratio_vs_peer,
                 "token_match": a.token_match,
                 "outputs_differ_by_design": a.outputs_differ_by_design,
                 "memory": a.memory,
@@ -305,6 +308,8 @@ def _sweep_entry(batch: int, run: Report) -> dict[str, Any]:
         ],
         "roofline": run.roofline,
         "warnings": run.warnings,
+        # Each batch's arms run in their own rounds (interleaved unless it says why not).
+        "schedule": run.schedule,
     }
 
 

@@ -626,7 +626,7 @@ def _sweep_rows(data: dict[str, Any]) -> list[list[str]]:
                     "ok" if arm["ok"] else "FAILED",
                     _fmt(tps.get("best")),
                     _fmt(tps.get("median")),
-                    _fmt(arm.get("ratio_to_eager"), ".2f"),
+                    ratio_cell(arm, "ratio_vs_eager", "ratio_to_eager"),
                     _mib(roof.get("bytes_per_step")),
                     _fmt(flops / 1e9 if flops is not None else None, ".3g"),
                     _fmt(roof.get("bandwidth_ceiling_tok_s")),

@@ -15,8 +15,10 @@ report's ``schedule.why`` says why:
 * an arm whose open context patches the shared model (MoE routing replaced for the
   graph arms, kernel plug-ins switched on for pypto+graph, NPU capture mitigations:
   eager attention, prebuilt masks) cannot stay open while another arm runs the model:
-  eager would run the patched model;
-* the diffusion regime (its arms are not ported to rounds yet).
+  eager would run the patched model.
+
+In the diffusion regime a round's sample is one whole generation per arm (the graph arms'
+capture on their first call, outside the rounds, as in the sequential protocol).
 
 Memory: with every arm built at once, each arm's peaks are those of the process with
 all arms held (``schedule.memory`` says so); the sequential schedule gives per-arm peaks.
@@ -36,6 +38,7 @@ from .intervals import interval, relative_half_width
 from .protocol import Context, Memory, arm_iteration, timed
 from .protocol.base import tick
 from .protocol.decode import compile_first, decode_sample, fill_decode
+from .protocol.diffusion import diffusion_sample
 from .protocol.prefill import fill_prefill
 from .report import ArmResult
 
@@ -54,8 +57,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The regimes whose arms run in interleaved rounds (diffusion: sequential, see module).
-INTERLEAVED_REGIMES = (Regime.DECODE.value, Regime.PREFILL.value)
+#: The regimes whose arms run in interleaved rounds (every one).
+INTERLEAVED_REGIMES = (Regime.DECODE.value, Regime.PREFILL.value, Regime.DIFFUSION.value)
 
 MEMORY_NOTE = (
     "interleaved: every arm is built and held at once, so each arm's memory peaks are the "
@@ -128,6 +131,7 @@ class _Built:
     mem: Memory
     samples: list[dict[str, Any]] = field(default_factory=list)
     tokens: Any = None
+    last: Any = None  # diffusion: the last generation's output, for its figures
 
 
 def _measure_once(ctx: Context, built: _Built) -> None:
@@ -135,6 +139,10 @@ def _measure_once(ctx: Context, built: _Built) -> None:
     if ctx.config.regime == Regime.DECODE:
         tokens, ttft, dec = built.run()
         built.samples.append(decode_sample(ctx, tokens, ttft, dec))
+    elif ctx.config.regime == Regime.DIFFUSION:
+        built.last, seconds = timed(ctx.device, built.run)
+        built.samples.append(diffusion_sample(ctx, built.last, seconds))
+        tokens = None  # the figures and tokens come from the last generation (_fill)
     else:
         out, seconds = timed(ctx.device, built.run)
         tokens = out.argmax(-1)
@@ -147,6 +155,9 @@ def _measure_once(ctx: Context, built: _Built) -> None:
 def _fill(ctx: Context, built: _Built) -> None:
     if ctx.config.regime == Regime.DECODE:
         fill_decode(built.arm, built.samples)
+    elif ctx.config.regime == Regime.DIFFUSION:
+        runner = built.run.__wrapped__  # type: ignore[attr-defined]  # a DiffusionRun
+        built.tokens = runner.finish(built.arm, built.samples, built.last)
     else:
         fill_prefill(ctx, built.arm, [s["seconds"] for s in built.samples])
 
@@ -166,7 +177,11 @@ def _build(
         why = model_patch(arm)
         if why:
             raise Fallback(why)
-        if arm.name == Arm.HF_COMPILE:  # its first call compiles: capture_s, not a sample
+        if ctx.config.regime == Regime.DIFFUSION:
+            if run.__wrapped__.captures:  # a DiffusionRun
+                # Its first generation captures or compiles: capture_s, not a sample.
+                _, arm.details["capture_s"] = timed(ctx.device, run)
+        elif arm.name == Arm.HF_COMPILE:  # its first call compiles: capture_s, not a sample
             if ctx.config.regime == Regime.DECODE:
                 compile_first(ctx, arm, run)
             else:
@@ -230,9 +245,10 @@ def run_interleaved(
             ),
             play=play,
         )
-        for b in live.values():
-            _fill(ctx, b)
-            b.arm.memory = b.mem.result()
+        for name in list(live):
+            _guarded(live, name, lambda b: _fill(ctx, b), on_failure)
+            if name in live:
+                live[name].arm.memory = live[name].mem.result()
         tokens = {name: b.tokens for name, b in live.items()}
     schedule: dict[str, Any] = {
         "kind": Schedule.INTERLEAVED.value,

@@ -134,6 +134,7 @@ def arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[Callable[[], Any]]:
                 with torch.inference_mode():
                     return fn()
 
+            run.__wrapped__ = fn  # type: ignore[attr-defined]  # the regime's own runner
             yield run
         if plugins:
             arm.details["plugin_reports"] = {p.name: p.report() for p in plugins}

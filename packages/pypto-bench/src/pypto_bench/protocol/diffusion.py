@@ -19,6 +19,7 @@ from .base import Context, Memory, RegimeProtocol, tick, timed
 
 __all__ = [
     "DiffusionRegime",
+    "DiffusionRun",
     "diffusion_call",
     "diffusion_plan",
     "diffusion_sample",
@@ -123,74 +124,99 @@ def diffusion_sample(ctx: Context, out: Any, seconds: float) -> dict[str, Any]:
     }
 
 
+class DiffusionRun:
+    """One arm's generation, built once (its plan: see :func:`diffusion_plan`) and called
+    once per iteration (inference mode, the RNG seeded); :meth:`finish` turns the
+    iterations' samples into the arm's figures. The sequential protocol
+    (:func:`run_diffusion`) and the interleaved rounds (:mod:`pypto_bench.rounds`) both
+    drive an arm through it."""
+
+    def __init__(self, ctx: Context, arm: ArmResult) -> None:
+        self.ctx = ctx
+        self.plan = diffusion_plan(ctx, arm)
+        self.calls = {"n": 0}
+        if "forward" in self.plan:
+            inner = self.plan["forward"]
+            arm.details["backend"] = getattr(inner, "backend_name", None)
+
+            def counted(ids: Any) -> Any:
+                self.calls["n"] += 1
+                return inner(ids)
+
+            self.plan["forward"] = counted
+
+    @property
+    def captures(self) -> bool:
+        """Whether the first call compiles or captures (kept outside timing)."""
+        return bool(self.plan)
+
+    def __call__(self) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return diffusion_call(self.ctx, self.plan)
+
+    def finish(self, arm: ArmResult, samples: list[dict[str, Any]], out: Any) -> Any:
+        """Fill ``arm`` from the timed ``samples`` (``out``: the last generation's output);
+        the generated tokens of the last generation."""
+        from ..diffusion import native_block_diffusion
+
+        cfg, plan = self.ctx.config, self.plan
+        seqs = out.sequences
+        native = native_block_diffusion(self.ctx.model) and "step_backend" not in plan
+        rows, width = tuple(seqs.shape)
+        expected = cfg.seq + cfg.gen
+        if rows != cfg.batch or (width != expected if not native else width < expected):
+            raise RuntimeError(
+                f"diffusion generation returned sequences of shape {tuple(seqs.shape)}, "
+                f"expected ({cfg.batch}, {expected}{' or more' if native else ''})"
+            )
+        arm.tokens_per_s = summarize([s["tok_s"] for s in samples])
+        arm.seconds = summarize_seconds([s["seconds"] for s in samples])
+        arm.tokens_per_iter = [s["tokens"] for s in samples]
+        arm.details["num_denoising_steps"] = out.num_denoising_steps
+        arm.details["diffusion"] = {
+            "path": out.path or _default_path(plan, self.calls),
+            "tokens_per_forward": summarize([s["tpf"] for s in samples if s["tpf"] is not None]),
+            "forwards_per_s": summarize([s["fps"] for s in samples if s["fps"] is not None]),
+            "denoising_steps_per_iter": [s["nfe"] for s in samples],
+            "forward_passes_per_iter": [s["forwards"] for s in samples],
+            "steps_per_block": out.steps_per_block,
+            "tokens_per_row": samples[-1]["counts"],
+            "logits_finite": out.logits_finite,
+        }
+        if out.logits_finite is False:
+            arm.warnings.append(f"{arm.name}: the model produced non-finite logits (NaN/Inf)")
+        if "forward" in plan:
+            arm.details["forward_used"] = self.calls["n"] > 0
+        if "native_step" in plan:
+            # What the capture cost bought: one step, replayed for every step of every canvas.
+            arm.details["diffusion"]["capture"] = plan["native_step"].describe()
+        if native:
+            # Sampled, not greedy: the token match is between draws from the same seed.
+            arm.details["diffusion"]["token_match_basis"] = (
+                f"sampled tokens, torch RNG seeded with {cfg.seed} before every generation"
+            )
+        return seqs[:, cfg.seq :]
+
+
 def run_diffusion(ctx: Context, arm: ArmResult, mem: Memory) -> Any:
     """Warmup and timed generations of ``arm.name``; the generated tokens of the last."""
-    import torch
-
-    from ..diffusion import native_block_diffusion
-
     cfg = ctx.config
-    plan = diffusion_plan(ctx, arm)
-    calls = {"n": 0}
-    if "forward" in plan:
-        inner = plan["forward"]
-        arm.details["backend"] = getattr(inner, "backend_name", None)
-
-        def counted(ids: Any) -> Any:
-            calls["n"] += 1
-            return inner(ids)
-
-        plan["forward"] = counted
-
+    run = DiffusionRun(ctx, arm)
     samples: list[dict[str, Any]] = []
     out: Any = None
-    with torch.inference_mode():
-        if plan:  # compile/capture outside timing, like the decode runner
-            _, arm.details["capture_s"] = timed(ctx.device, lambda: diffusion_call(ctx, plan))
-        for i in range(cfg.warmup):
-            diffusion_call(ctx, plan)
-            tick(ctx, arm.name, i + 1)
-        for i in range(cfg.iters):
-            out, seconds = timed(ctx.device, lambda: diffusion_call(ctx, plan))
-            samples.append(diffusion_sample(ctx, out, seconds))
-            mem.sample()
-            tick(ctx, arm.name, cfg.warmup + i + 1)
-    seqs = out.sequences
-    native = native_block_diffusion(ctx.model) and "step_backend" not in plan
-    rows, width = tuple(seqs.shape)
-    expected = cfg.seq + cfg.gen
-    if rows != cfg.batch or (width != expected if not native else width < expected):
-        raise RuntimeError(
-            f"diffusion generation returned sequences of shape {tuple(seqs.shape)}, expected "
-            f"({cfg.batch}, {expected}{' or more' if native else ''})"
-        )
-    arm.tokens_per_s = summarize([s["tok_s"] for s in samples])
-    arm.seconds = summarize_seconds([s["seconds"] for s in samples])
-    arm.tokens_per_iter = [s["tokens"] for s in samples]
-    arm.details["num_denoising_steps"] = out.num_denoising_steps
-    arm.details["diffusion"] = {
-        "path": out.path or _default_path(plan, calls),
-        "tokens_per_forward": summarize([s["tpf"] for s in samples if s["tpf"] is not None]),
-        "forwards_per_s": summarize([s["fps"] for s in samples if s["fps"] is not None]),
-        "denoising_steps_per_iter": [s["nfe"] for s in samples],
-        "forward_passes_per_iter": [s["forwards"] for s in samples],
-        "steps_per_block": out.steps_per_block,
-        "tokens_per_row": samples[-1]["counts"],
-        "logits_finite": out.logits_finite,
-    }
-    if out.logits_finite is False:
-        arm.warnings.append(f"{arm.name}: the model produced non-finite logits (NaN/Inf)")
-    if "forward" in plan:
-        arm.details["forward_used"] = calls["n"] > 0
-    if "native_step" in plan:
-        # What the capture cost bought: one step, replayed for every step of every canvas.
-        arm.details["diffusion"]["capture"] = plan["native_step"].describe()
-    if native:
-        # Sampled, not greedy: the token match is between draws from the same seed.
-        arm.details["diffusion"]["token_match_basis"] = (
-            f"sampled tokens, torch RNG seeded with {cfg.seed} before every generation"
-        )
-    return seqs[:, cfg.seq :]
+    if run.captures:  # compile/capture outside timing, like the decode runner
+        _, arm.details["capture_s"] = timed(ctx.device, run)
+    for i in range(cfg.warmup):
+        run()
+        tick(ctx, arm.name, i + 1)
+    for i in range(cfg.iters):
+        out, seconds = timed(ctx.device, run)
+        samples.append(diffusion_sample(ctx, out, seconds))
+        mem.sample()
+        tick(ctx, arm.name, cfg.warmup + i + 1)
+    return run.finish(arm, samples, out)
 
 
 def _default_path(plan: dict[str, Any], calls: dict[str, int]) -> str:
@@ -243,8 +269,7 @@ def graph_forward(ctx: Context) -> Callable[[Any], Any]:
 
 @contextlib.contextmanager
 def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[Callable[[], Any]]:
-    plan = diffusion_plan(ctx, arm)
-    yield lambda: diffusion_call(ctx, plan)
+    yield DiffusionRun(ctx, arm)
 
 
 class DiffusionRegime(RegimeProtocol):
