@@ -165,23 +165,3 @@ def test_changing_ignore_eos_invalidates_the_bench_step_only(tmp_path):
     assert off["smoke"] == on["smoke"]
     assert off["bench"] != on["bench"]
     assert not (tmp_path / "w" / MANIFEST_NAME).exists()
-
-
-def test_nnodes_is_refused_before_any_step_with_the_two_commands_that_do_it(tmp_path, capsys):
-    """One command cannot run a multi-node bench (every node would download and pin, only
-    one has the report): refused in one line naming the commands that do it, nothing
-    written; the first of them (the folder prepared, no bench) then runs."""
-    model = tmp_path / "model"
-    shutil.copytree(demo_model_dir(), model)
-    work = tmp_path / "work"
-    flags = ["run", "--work-dir", str(work), "--model-path", str(model), "--skip", "download"]
-    rc = main([*flags, "--nnodes", "2", "--rdzv-endpoint", "node0:29500"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == EXIT.USAGE
-    assert len(err) == 1
-    assert "--nnodes 2" in err[0]
-    assert "pypto-bench run --nnodes" in err[0]
-    assert not work.exists()
-    rc = main(["run", "--work-dir", str(work), "--model-path", str(model),
-               "--skip", "download,smoke,bench"])  # fmt: skip
-    assert rc == EXIT.OK

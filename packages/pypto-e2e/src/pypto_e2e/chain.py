@@ -41,6 +41,10 @@ class RunResult:
     #: The tune step's files (``profile``, ``markdown``, ``trace``, ``plot``); empty
     #: without ``--tune``.
     tune: dict[str, str] = field(default_factory=dict)
+    #: ``--nnodes N`` on a node that did not run rank 0: its ranks are done and the bench
+    #: report is on the node that ran rank 0 (``report_json`` is None here, and
+    #: ``report_markdown`` says where the report is).
+    remote_report: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +57,7 @@ class RunResult:
             "removed_auto_map": self.removed_auto_map,
             "remote_code": self.remote_code,
             "tune": dict(self.tune) or None,
+            "remote_report": self.remote_report,
             "steps": [
                 {"name": s.name, "status": s.status, "seconds": round(s.seconds, 3), "note": s.note}
                 for s in self.steps
@@ -102,6 +107,7 @@ def _run_locked(config: RunConfig, progress: Callable[[str], None] | None) -> Ru
         removed_auto_map=state.patch_summary()["removed_auto_map"],
         remote_code=state.remote_code_text(),
         tune=dict(state.outputs.get("tune", {}).get("files") or {}),
+        remote_report=bool(bench_out.get("remote_report")),
     )
     state.manifest.data["result"] = result.to_dict()
     state.manifest.save()

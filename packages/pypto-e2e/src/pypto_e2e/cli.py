@@ -245,6 +245,13 @@ def _main(args: argparse.Namespace, secrets: list[str], command_line: list[str])
         print("pypto-e2e: interrupted: re-run the same command to resume", file=sys.stderr)
         return 130
     _emit(result, args, secrets)
+    if result.remote_report and not args.quiet:
+        # Not rank 0's node: its ranks' figures are in the report written there.
+        print(
+            "pypto-e2e: this node's ranks are done; the bench report is on the node that ran "
+            "rank 0 (its pypto-e2e run printed PYPTO_REPORT)",
+            file=sys.stderr,
+        )
     if result.failed_arms:
         print(
             f"pypto-e2e: error: arm(s) failed in the bench step: {', '.join(result.failed_arms)} "

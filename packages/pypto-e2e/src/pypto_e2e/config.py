@@ -166,15 +166,9 @@ class RunConfig:
 
             try:
                 bench = self.bench_config(model_path=None, report_file=None)
+                # --nnodes N: each node runs this command with its own work dir (its own
+                # download, pin and smoke); the bench step joins the nodes' ranks.
                 bench.validate()
-                if bench.nnodes != 1:
-                    # Each node would download, pin and smoke on its own, and only the
-                    # node that ran rank 0 has a report: not one command's flow (yet).
-                    raise BadInputError(
-                        f"--nnodes {bench.nnodes}: pypto-e2e runs on one node; prepare the "
-                        "folder with pypto-e2e run --skip bench, then on every node run "
-                        "pypto-bench run --nnodes ... (docs/workflow.md, More than one machine)"
-                    )
             except BadInputError as err:
                 raise BadRunInputError(
                     str(err), cause=cause_of("pypto-bench", "pypto_bench", err.exit_code)
@@ -215,6 +209,17 @@ class RunConfig:
             raise BadRunInputError(
                 "--tune profiles the bench's step, which --skip bench skips: drop one of them"
             )
+        nnodes, nproc = self.bench.nnodes, self.bench.nproc
+        for flag, n in (("--nnodes", nnodes), ("--nproc", nproc)):
+            if isinstance(n, int) and not isinstance(n, bool) and n > 1:
+                # A bad count: the bench's checks name it. The tune step profiles one
+                # process and advises on its profile; ranks get a profile each, from
+                # pypto-tune itself (no advice: a summary of the ranks).
+                raise BadRunInputError(
+                    f"--tune with {flag} {n}: the tune step profiles one process; drop "
+                    f"--tune, and keep a profile per rank with pypto-tune profile {flag} "
+                    f"{n} ... --out DIR (docs/tuning.md, section 7)"
+                )
         try:
             import pypto_tune
         except ImportError as err:

@@ -322,6 +322,9 @@ _OUTPUTS: Spec = {
     "step_unit": ("a string or null", _optional(_str)),
     "not_needed": ("a boolean", _bool),
     "pinned": ("a boolean", _bool),
+    "remote_report": ("a boolean", _bool),
+    "nnodes": ("an integer", _is_int),
+    "node_rank": ("an integer or null", _optional(_is_int)),
     "folder": (
         "an object with string path and digest",
         lambda v: (

@@ -10,7 +10,14 @@ from typing import Any
 
 from .config import RunConfig
 
-__all__ = ["arm_ratio", "render_markdown", "tuning_section", "write_plot"]
+__all__ = [
+    "arm_ratio",
+    "model_lines",
+    "render_markdown",
+    "render_remote_markdown",
+    "tuning_section",
+    "write_plot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +40,9 @@ def render_markdown(
     from pypto_bench import report_to_markdown
 
     lines = ["# pypto end-to-end report", ""]
-    lines.append(f"- model: `{config.model_id or config.model_path}`")
-    if config.family:
-        lines.append(f"- pinned to preset: `{config.family}`")
-    removed = (patch or {}).get("removed_auto_map") or []
-    if removed:
-        shown = ", ".join(f"`{e.get('file')}:{e.get('key')}`" for e in removed)
-        lines.append(f"- repo code entries removed by the pin (never run): {shown}")
-    trust = (patch or {}).get("trust")
-    if trust:
-        lines.append(f"- remote code: {trust}")
+    lines += model_lines(config, patch)
     lines.append(f"- regime: **{data.get('regime')}**, arms: {', '.join(config.effective_arms)}")
-    if smoke:
-        lines.append(
-            f"- smoke gate: {'passed' if smoke.get('passed') else 'FAILED'}, "
-            f"coherence {smoke.get('coherence')}: prompt {smoke.get('prompt')!r} -> {smoke.get('text')!r}"
-        )
+    lines += _smoke_lines(smoke)
     if config.fuse:
         ratio = arm_ratio(data, "pypto+graph", "graph")
         lines.append(
@@ -66,6 +60,58 @@ def render_markdown(
     lines += ["", report_to_markdown(data)]
     if tune and tune.get("files"):
         lines += ["", *tuning_section(tune, report_dir)]
+    return "\n".join(lines) + "\n"
+
+
+def model_lines(config: RunConfig, patch: dict[str, Any] | None) -> list[str]:
+    """The report's first lines: the model, its pin and the remote-code decision."""
+    lines = [f"- model: `{config.model_id or config.model_path}`"]
+    if config.family:
+        lines.append(f"- pinned to preset: `{config.family}`")
+    removed = (patch or {}).get("removed_auto_map") or []
+    if removed:
+        shown = ", ".join(f"`{e.get('file')}:{e.get('key')}`" for e in removed)
+        lines.append(f"- repo code entries removed by the pin (never run): {shown}")
+    trust = (patch or {}).get("trust")
+    if trust:
+        lines.append(f"- remote code: {trust}")
+    return lines
+
+
+def _smoke_lines(smoke: dict[str, Any] | None) -> list[str]:
+    if not smoke:
+        return []
+    return [
+        f"- smoke gate: {'passed' if smoke.get('passed') else 'FAILED'}, "
+        f"coherence {smoke.get('coherence')}: prompt {smoke.get('prompt')!r} -> {smoke.get('text')!r}"
+    ]
+
+
+def render_remote_markdown(
+    smoke: dict[str, Any] | None,
+    config: RunConfig,
+    *,
+    patch: dict[str, Any] | None = None,
+) -> str:
+    """``report.md`` of a node of ``--nnodes N`` that did not run rank 0: what ran here and
+    where the bench report is. No figures: this node's ranks' figures are in that report."""
+    b = config.bench
+    node = "This node" if b.node_rank is None else f"This node (`--node-rank {b.node_rank}`)"
+    lines = ["# pypto end-to-end report (one node of a multi-node run)", ""]
+    lines += model_lines(config, patch)
+    lines.append(f"- regime: **{b.regime}**, arms: {', '.join(config.effective_arms)}")
+    lines += _smoke_lines(smoke)
+    lines += [
+        f"- bench: {b.nnodes} nodes x {b.nproc} ranks, rendezvous `{b.rdzv_endpoint}` "
+        f"(id `{b.rdzv_id or 'pypto-bench'}`)",
+        "",
+        "## Where the report is",
+        "",
+        f"{node} ran {b.nproc} of the bench's {b.nnodes * b.nproc} ranks; their figures "
+        "went to rank 0. The report is on the node that ran rank 0 (the rendezvous assigns "
+        "it, whatever `--node-rank` says): `report/bench.json` and `report/report.md` in that "
+        "node's work dir, the path its `pypto-e2e run` printed as `PYPTO_REPORT`.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -11,14 +11,17 @@ import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pypto_common import atomic_write_text, redact
 
 from .errors import EXIT, StepFailedError, cause_of, step_failure
 from .remote_code import entries_text, remote_code_entries, verify_pin
-from .report import render_markdown, write_plot
+from .report import render_markdown, render_remote_markdown, write_plot
 from .state import RunState
+
+if TYPE_CHECKING:
+    from pypto_bench import BenchConfig, Report
 
 # remote_code_entries, step_failure and verify_pin live in lower modules (remote_code,
 # errors) so the run state can use them; they stay importable from here.
@@ -30,6 +33,7 @@ __all__ = [
     "do_report",
     "do_smoke",
     "do_tune",
+    "node_label",
     "remote_code_entries",
     "step_failure",
     "tune_dir",
@@ -212,9 +216,16 @@ def do_bench(state: RunState) -> StepResult:
         command_line=state.command_line,
     )
     try:
-        report = run_bench(bench_config, progress=_bench_progress(state.say))
+        if bench_config.nnodes > 1:
+            report = _bench_node(state, bench_config)
+            if report is None:
+                return _remote_bench(state, bench_config)
+        else:
+            report = run_bench(bench_config, progress=_bench_progress(state.say))
     except BenchError as err:
-        failure = step_failure("bench", err)
+        # Across nodes a rank that "never started" is often a node that never joined.
+        resume = _NODES_RESUME if bench_config.nnodes > 1 else ""
+        failure = step_failure("bench", err, resume=resume)
         if err.exit_code == _bench_code("REPORT_UNWRITTEN"):
             failure.exit_code = EXIT.REPORT_FAILED
         raise failure from err
@@ -232,6 +243,65 @@ def do_bench(state: RunState) -> StepResult:
         "failed_arms": failed,
     }
     return outputs, (f"{summary}; {note}" if note else summary)
+
+
+_NODES_RESUME = (
+    "fix the cause, then run the same command on every node, with --from bench on a node "
+    "whose bench step would be reused: every node must join the rendezvous"
+)
+
+
+def node_label(config: BenchConfig) -> str:
+    """``node 1 of 2`` (``--node-rank`` given) or ``a node of 2``: how a node is named."""
+    if config.node_rank is None:
+        return f"a node of {config.nnodes}"
+    return f"node {config.node_rank} of {config.nnodes}"
+
+
+def _bench_node(state: RunState, config: BenchConfig) -> Report | None:
+    """One node of ``--nnodes N`` (pypto-bench's own launcher, as ``pypto-bench run``
+    runs it): the report where rank 0 ran, else None (its ranks' figures are there)."""
+    from pypto_bench.loading import check_regime_fits_folder
+    from pypto_bench.multi import run_node
+
+    config.validate()
+    # A regime the folder's model cannot run is refused before any rank starts.
+    check_regime_fits_folder(config.model_path, config.regime)
+    # Every node must run this step: one whose bench was reused never joins, and the
+    # others wait for it until the rendezvous times out.
+    state.say(
+        f"[bench] {node_label(config)}: {config.nproc} rank(s) here, joining the "
+        f"rendezvous at {config.rdzv_endpoint}; every node must run this step (where it "
+        "was reused, re-run with --from bench)"
+    )
+    return run_node(config, progress=_bench_progress(state.say), validated=True)
+
+
+def _remote_bench(state: RunState, config: BenchConfig) -> StepResult:
+    """The bench step of a node that did not run rank 0: nothing to render here.
+
+    An earlier run's report in this work dir (rank 0 ran here then) is superseded by this
+    run's, which is on another node: it is removed, as a re-run here would overwrite it.
+    """
+    for name in ("bench.json", "tokens_per_s.png"):
+        stale = state.work_dir / "report" / name
+        try:
+            stale.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # it stays, superseded; report.md says where the report is
+            log.warning("could not remove the earlier run's %s: %s", stale, err.strerror or err)
+    outputs: dict[str, Any] = {
+        # No report_json: the report (every rank's figures) is on the node that ran rank 0.
+        "remote_report": True,
+        "nnodes": config.nnodes,
+        "node_rank": config.node_rank,
+        "failed_arms": [],
+    }
+    return outputs, (
+        f"{node_label(config)}: its ranks are done; the report is written on the node that "
+        "ran rank 0"
+    )
 
 
 def _bench_code(name: str) -> int | None:
@@ -364,6 +434,8 @@ def do_report(state: RunState) -> StepResult:
     from pypto_bench import BenchError, load_report
 
     bench = state.outputs.get("bench", {})
+    if bench.get("remote_report"):
+        return _remote_report(state, bench)
     if not bench.get("report_json"):
         return {"not_needed": True}, "no bench report to render (bench skipped)"
     report_json = Path(bench["report_json"])
@@ -400,3 +472,27 @@ def do_report(state: RunState) -> StepResult:
     if write_plot(data, plot):
         outputs["plot"] = str(plot)
     return outputs, f"wrote {markdown}"
+
+
+def _remote_report(state: RunState, bench: dict[str, Any]) -> StepResult:
+    """report.md of a node whose ranks ran but not rank 0: where the report is, no figures."""
+    report_dir = state.work_dir / "report"
+    markdown = report_dir / "report.md"
+    text = render_remote_markdown(
+        state.outputs.get("smoke", {}).get("result"),
+        state.config,
+        patch=state.patch_summary(),
+    )
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(markdown, redact(text, state.secrets))
+    except OSError as err:
+        raise StepFailedError(
+            "report",
+            f"cannot write {markdown}: {err.strerror or err}; this node's ranks are done and "
+            "the bench report is on the node that ran rank 0",
+            exit_code=EXIT.REPORT_FAILED,
+            resume="make the report folder writable, then re-run with --from report",
+        ) from err
+    outputs: dict[str, Any] = {"report_markdown": str(markdown), "remote_report": True}
+    return outputs, f"wrote {markdown} (the bench report is on the node that ran rank 0)"
