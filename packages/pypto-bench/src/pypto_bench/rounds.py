@@ -12,10 +12,14 @@ that ran next to each other, and drift slower than a round cancels.
 Where it cannot interleave, the run falls back to the sequential schedule and the
 report's ``schedule.why`` says why:
 
-* an arm whose open context patches the shared model (MoE routing replaced for the
-  graph arms, kernel plug-ins switched on for pypto+graph, NPU capture mitigations:
-  eager attention, prebuilt masks) cannot stay open while another arm runs the model:
-  eager would run the patched model.
+* an arm whose open context patches the shared model outside its modules (the NPU
+  capture mitigations: eager attention, prebuilt masks) cannot stay open while another
+  arm runs the model: eager would run the patched model.
+
+An arm that patches the model's modules (the graph arms' exact MoE routing, pypto+graph's
+kernel plug-ins) does interleave: each arm builds on the model as loaded, and before each
+of its iterations the model is put in that arm's state (:mod:`pypto_bench.model_state`:
+the same module attributes, not copies), outside the timed span.
 
 In the diffusion regime a round's sample is one whole generation per arm (the graph arms'
 capture on their first call, outside the rounds, as in the sequential protocol).
@@ -35,6 +39,7 @@ from typing import Any
 
 from .config import Arm, Regime, Schedule
 from .intervals import interval, relative_half_width
+from .model_state import ModelState, snapshot
 from .protocol import Context, Memory, arm_iteration, timed
 from .protocol.base import tick
 from .protocol.decode import compile_first, decode_sample, fill_decode
@@ -92,13 +97,9 @@ def balanced_order(arms: Sequence[str], rounds: int, *, start: int = 0) -> list[
 
 
 def model_patch(arm: ArmResult) -> str | None:
-    """What ``arm``'s open context changed on the shared model (None: nothing)."""
-    details = arm.details
-    if details.get("moe_layers"):
-        return f"{arm.name} replaces {details['moe_layers']} MoE layer(s) of the model"
-    if details.get("plugins"):
-        return f"{arm.name} switches kernel plug-ins on ({', '.join(details['plugins'])})"
-    applied = (details.get("mitigations") or {}).get("applied")
+    """What ``arm``'s open context changed on the shared model outside its modules, which
+    a module state cannot put back (None: nothing, or only module attributes)."""
+    applied = (arm.details.get("mitigations") or {}).get("applied")
     if applied:
         return f"{arm.name} patches the model for capture ({', '.join(map(str, applied))})"
     return None
@@ -211,15 +212,23 @@ def run_interleaved(
     cfg = ctx.config
     if cfg.regime not in INTERLEAVED_REGIMES:
         raise Fallback(f"the {cfg.regime} regime's arms run one after the other")
+    loaded = snapshot(ctx.model)
     with contextlib.ExitStack() as stack:
+        stack.callback(loaded.restore)  # last: the model as loaded, whatever ran
+        states = _States(ctx.model)
         live: dict[str, _Built] = {}
         for arm in arms:
+            loaded.restore()  # every arm builds on the model as loaded
             run = _build(ctx, arm, stack, on_failure)
+            states.built(arm.name)
+            # Before the arm's own context closes (LIFO), the model is in its state again.
+            stack.callback(states.switch, arm.name)
             if run is not None:
                 live[arm.name] = _Built(arm=arm, run=run, mem=Memory(ctx.device))
         names = [a.name for a in arms if a.name in live]
         order: list[Round] = []
         for name, r in balanced_order(names, cfg.warmup):
+            states.switch(name)
             _guarded(live, name, lambda b: b.run(), on_failure)
             if name in live:
                 tick(ctx, name, r + 1)
@@ -229,6 +238,7 @@ def run_interleaved(
             for name, r in balanced_order(names, count, start=first):
                 if name not in live:
                     continue
+                states.switch(name)  # outside the timed span
                 _guarded(live, name, lambda b: _measure_once(ctx, b), on_failure)
                 if name in live:
                     order.append((name, r))
@@ -246,6 +256,7 @@ def run_interleaved(
             play=play,
         )
         for name in list(live):
+            states.switch(name)
             _guarded(live, name, lambda b: _fill(ctx, b), on_failure)
             if name in live:
                 live[name].arm.memory = live[name].mem.result()
@@ -260,6 +271,28 @@ def run_interleaved(
     if target:
         schedule["target_ci"] = target
     return tokens, schedule
+
+
+class _States:
+    """One model state per arm (see :mod:`pypto_bench.model_state`): the arm that runs
+    next gets its own back; the one that ran keeps what it changed since."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.saved: dict[str, ModelState] = {}
+        self.current: str | None = None
+
+    def built(self, name: str) -> None:
+        self.saved[name] = snapshot(self.model)
+        self.current = name
+
+    def switch(self, name: str) -> None:
+        if name == self.current or name not in self.saved:
+            return
+        if self.current is not None:
+            self.saved[self.current] = snapshot(self.model)
+        self.saved[name].restore()
+        self.current = name
 
 
 def _guarded(
