@@ -28,8 +28,8 @@ OWN_LOGGERS = ("pypto_e2e",)
 
 # Bench flags e2e defines itself: the model folder comes from the download/patch steps,
 # the report goes into the work dir, and remote code is decided by the patch step.
-# history: pypto-bench run records its report there; e2e does not offer it (yet).
-_BENCH_FLAGS_OWNED_HERE = ("model_path", "report_file", "trust_remote_code", "history")
+# (--history is pypto-bench's: the bench step records its report there.)
+_BENCH_FLAGS_OWNED_HERE = ("model_path", "report_file", "trust_remote_code")
 
 
 class _Parser(argparse.ArgumentParser):

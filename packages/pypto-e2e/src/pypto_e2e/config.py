@@ -169,6 +169,10 @@ class RunConfig:
                 # --nnodes N: each node runs this command with its own work dir (its own
                 # download, pin and smoke); the bench step joins the nodes' ranks.
                 bench.validate()
+                if bench.history:  # a refused history file stops the run before any step
+                    from pypto_bench.history import check_db_path
+
+                    check_db_path(bench.history, create=True)
             except BadInputError as err:
                 raise BadRunInputError(
                     str(err), cause=cause_of("pypto-bench", "pypto_bench", err.exit_code)

@@ -337,6 +337,12 @@ _OUTPUTS: Spec = {
         "an object of path strings",
         lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
     ),
+    "history": (
+        "an object with a string path and an integer run_id",
+        lambda v: (
+            isinstance(v, dict) and isinstance(v.get("path"), str) and _is_int(v.get("run_id"))
+        ),
+    ),
     "auto_map": ("an object", _dict),
     "removed_auto_map": (
         "a list of {file, at, key} objects",

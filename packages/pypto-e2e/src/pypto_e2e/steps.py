@@ -236,13 +236,29 @@ def do_bench(state: RunState) -> StepResult:
         state.say(f"[bench] {note}")
     failed = list(report.failed_arms)
     summary = f"arms failed: {', '.join(failed)}" if failed else "all arms ok"
-    outputs = {
+    outputs: dict[str, Any] = {
         "report_json": str(written),
         # What the report step renders from: a new measurement re-renders it.
         "report_sha256": hashlib.sha256(written.read_bytes()).hexdigest(),
         "failed_arms": failed,
     }
+    if bench_config.history:
+        outputs["history"] = _record_history(state, bench_config.history, report)
     return outputs, (f"{summary}; {note}" if note else summary)
+
+
+def _record_history(state: RunState, path: str, report: Any) -> dict[str, Any]:
+    """``--history DB``: this measurement recorded as pypto-bench run records it (a step
+    reused from an earlier run recorded its report then, and is not recorded twice)."""
+    from pypto_bench import BenchError
+    from pypto_bench.history import record
+
+    try:
+        run_id = record(path, report)
+    except BenchError as err:
+        raise step_failure("bench", err) from err
+    state.say(f"[bench] recorded as run {run_id} in history {path}")
+    return {"path": str(Path(path).expanduser().resolve()), "run_id": run_id}
 
 
 _NODES_RESUME = (
