@@ -131,3 +131,38 @@ def test_reports_without_intervals_are_judged_from_their_samples():
     assert rows[("graph", "x eager")]["verdict"] == "slower"
     assert "bootstrap" in rows[("graph", "x eager")]["b"]["method"]
     assert rows[("eager", "tok/s")]["verdict"] == "no change"
+
+
+def _tuned(data, kinds):
+    """The graph arm of a report dict as if max-autotune chose ``kinds`` (one per op)."""
+    graph = next(a for a in data["arms"] if a["name"] == "graph")
+    graph.setdefault("details", {})["autotune"] = {
+        "recorded": True,
+        "ops": [
+            {"op": "packed_linear", "shapes": [[1, 64], [9, 1], [n, 64]],
+             "chosen": f"{k}_{i}", "kind": k, "times_ms": {f"{k}_{i}": 0.1}}
+            for i, (n, k) in enumerate(kinds)
+        ],
+    }  # fmt: skip
+    return data
+
+
+def test_a_different_autotune_choice_is_said_beside_the_verdicts(tmp_path, capsys):
+    """Two runs whose graph arms compiled different kernels: the verdicts stand, with a
+    note that they compare kernels as well as runs; the same kernels (indices aside): none."""
+    cpp, mkl = "cpp_CppMicroGemmFP32Vec", "_mkl_linear"
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(_tuned(report_dict(graph=STEADY), [(64, cpp), (128, cpp)])))
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(_tuned(report_dict(graph=STEADY), [(64, cpp), (128, cpp)])))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_tuned(report_dict(graph=STEADY), [(64, cpp), (128, mkl)])))
+    assert main(["compare", str(a), str(same), "--json"]) == EXIT.OK
+    assert json.loads(capsys.readouterr().out)["verdicts"]["notes"] == []
+    assert main(["compare", str(a), str(other), "--json"]) == EXIT.OK
+    (note,) = json.loads(capsys.readouterr().out)["verdicts"]["notes"]
+    assert note.startswith("graph: the two compiles chose different kernels (1 of 2")
+    assert f"{cpp} vs {mkl}" in note
+    assert "--compile-mode default" in note
+    assert main(["compare", str(a), str(other)]) == EXIT.OK
+    assert "note: graph: the two compiles chose different kernels" in capsys.readouterr().out

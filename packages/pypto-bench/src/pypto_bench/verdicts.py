@@ -28,6 +28,7 @@ __all__ = [
     "FINGERPRINT_FIELDS",
     "Verdicts",
     "arm_intervals",
+    "autotune_differences",
     "fingerprint",
     "judge",
     "verdicts",
@@ -140,6 +141,9 @@ class Verdicts:
     allowed_differences: list[str] = field(default_factory=list)
     differences: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    #: Why a verdict may reflect something other than noise or the change under test
+    #: (the arms compiled different autotuned kernels: :func:`autotune_differences`).
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -147,6 +151,7 @@ class Verdicts:
             "allowed_differences": self.allowed_differences,
             "differences": self.differences,
             "rows": self.rows,
+            "notes": self.notes,
         }
 
     def to_text(self) -> str:
@@ -160,7 +165,48 @@ class Verdicts:
             )
         for d in self.differences:
             lines.append(f"  allowed difference: {d}")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
         return "\n".join(lines)
+
+
+def _choices(arm: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """(op with shapes, chosen kernel) of an arm's autotuned compile, None if unrecorded."""
+    tuned = (arm.get("details") or {}).get("autotune")
+    if not isinstance(tuned, dict) or not tuned.get("recorded") or not tuned.get("ops"):
+        return None
+    out = []
+    for op in tuned["ops"]:
+        if isinstance(op, dict):
+            shapes = op.get("shapes") if isinstance(op.get("shapes"), list) else []
+            where = f"{op.get('op')} {shapes[0] if shapes else '?'}x{shapes[-1] if shapes else '?'}"
+            out.append((where[:120], str(op.get("kind") or op.get("chosen"))[:120]))
+    return out
+
+
+def autotune_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """One line per arm whose max-autotune compile chose other kernels in ``b`` than in
+    ``a`` (both recorded): its ratio then differs by kernel, not only by noise."""
+    lines = []
+    arms_b = {x.get("name"): x for x in b.get("arms") or [] if isinstance(x, dict)}
+    for arm in a.get("arms") or []:
+        if not isinstance(arm, dict) or arm.get("name") not in arms_b:
+            continue
+        ca, cb = _choices(arm), _choices(arms_b[arm["name"]])
+        if ca is None or cb is None or ca == cb:
+            continue
+        changed = [(x, y) for x, y in zip(ca, cb, strict=False) if x != y]
+        first = (
+            f"e.g. {changed[0][0][0]}: {changed[0][0][1]} vs {changed[0][1][1]}"
+            if changed
+            else f"{len(ca)} vs {len(cb)} autotuned ops"
+        )
+        lines.append(
+            f"{arm['name']}: the two compiles chose different kernels ({len(changed)} of "
+            f"{max(len(ca), len(cb))} autotuned ops; {first[:200]}): its verdicts compare "
+            "kernels as well as runs (pin with --compile-mode default, or rerun both)"
+        )
+    return lines
 
 
 def _describe(value: Any) -> str:
@@ -201,6 +247,7 @@ def verdicts(
         allowed_differences=allowed,
         differences=[f"{k}: {_describe(fa[k])} vs {_describe(fb[k])}" for k in differing],
     )
+    result.notes.extend(autotune_differences(a, b))
     ia, ib = arm_intervals(a), arm_intervals(b)
     for arm, measures in ia.items():
         for measure, int_a in measures.items():

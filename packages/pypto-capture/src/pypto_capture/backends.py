@@ -90,6 +90,12 @@ class GraphBackend(ABC):
     def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
         """Warm ``fn`` up and capture it. Raises CaptureFailedError with an explanation."""
 
+    @property
+    def autotune(self) -> dict[str, Any] | None:
+        """What inductor's autotuning chose in this backend's last compile
+        (:mod:`pypto_capture.autotune`); None where nothing compiled with autotuning."""
+        return None
+
     def _fail(self, err: BaseException, what: str = "capture") -> CaptureFailedError:
         expl = explain_capture_error(err)
         message = f"{self.name} {what} failed: {expl}"
@@ -241,13 +247,21 @@ class CompileBackend(GraphBackend):
         # grads are off (inference), and weights must not change after capture, which a
         # captured step assumes anyway. Default: on for CPU, off elsewhere.
         self.freezing = (device.type == "cpu") if freezing is None else freezing
+        self._autotune: dict[str, Any] | None = None
+
+    @property
+    def autotune(self) -> dict[str, Any] | None:
+        return self._autotune
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
         import torch._inductor.config as inductor_config
 
+        from .autotune import autotune_log
         from .provenance import active_recorder
 
         recorder = active_recorder()
+        tuned = "max-autotune" in str(self.mode)
+        choices = autotune_log() if tuned else contextlib.nullcontext(None)
         try:
             if recorder is None:
                 compiled = torch.compile(
@@ -261,12 +275,13 @@ class CompileBackend(GraphBackend):
                     backend=recorder.backend(self.mode),
                 )
             out = None
-            with inductor_config.patch(freezing=self.freezing):
+            with inductor_config.patch(freezing=self.freezing), choices as seen:
                 for _ in range(max(1, warmup)):  # the first call traces and compiles
                     out = compiled()
             synchronize(self.device)
         except Exception as err:  # dynamo Unsupported, inductor errors, capture errors
             raise self._fail(err) from err
+        self._autotune = seen.summary() if seen is not None else None
         return _CompiledStep(compiled, self, out)
 
 
@@ -318,6 +333,10 @@ class FusedBackend(GraphBackend):
             if device.type == "npu"
             else ("compile",) + ((self._graph.name,) if self._graph is not None else ())
         )
+
+    @property
+    def autotune(self) -> dict[str, Any] | None:
+        return self.compiler.autotune
 
     @property
     def label(self) -> str:

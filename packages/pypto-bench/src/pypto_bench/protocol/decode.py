@@ -152,6 +152,11 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         reason = getattr(getattr(runner, "backend", None), "fallback_reason", None)
         if reason:
             arm.warnings.append(f"{arm.name}: {reason}")
+        tuned = getattr(getattr(runner, "backend", None), "autotune", None)
+        if tuned is not None:
+            # What max-autotune chose while compiling (pypto_capture.autotune): a choice
+            # timed under this machine's load, so two runs' ratios can differ by kernel.
+            arm.details["autotune"] = tuned
         describe = getattr(getattr(runner, "cache", None), "describe", None)
         if callable(describe):
             # The layer-type pattern and per-layer slots (sliding layers hold `window`,
