@@ -14,6 +14,7 @@ import pytest
 
 from pypto_common import export_line
 from pypto_e2e import EXIT, MANIFEST_NAME, BadRunInputError, RunConfig, StepFailedError, run
+from pypto_testing import browser
 
 TINY_REPO = "pypto-test/tiny-llama"
 
@@ -77,6 +78,18 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     md = (work / "report" / "report.md").read_text()
     assert "smoke gate: passed" in md
     assert "decode" in md
+    # The run as one page beside report.md (issue #33), named on stderr; in a real
+    # browser where Chromium is installed: offline, quiet, the arms table and the plot.
+    page = work / "report" / "report.html"
+    assert f"report page: {page}" in proc.stderr
+    assert "PyptoDemoForCausalLM" in page.read_text()
+    if browser.skip_reason() is None:
+        got = browser.open_page(page, screenshot=tmp_path / "demo.png")
+        assert got.console_errors == [], got.console_errors
+        assert got.requests == [], got.requests
+        assert 'id="arms"' in got.dom
+        assert '<figure class="plot"><svg' in got.dom
+        assert got.screenshot_size[0] == 1280
     # the download stays as the hub served it; the pin lives in the overlay
     assert "auto_map" not in json.loads((work / "model" / "config.json").read_text())
     assert "auto_map" in json.loads((work / "patched" / "config.json").read_text())

@@ -114,6 +114,10 @@ def test_two_nodes_each_run_the_flow_and_the_node_with_rank_0_reports(
     assert bench["regime"] == regime
     assert docs[reporter]["report_json"] == str(work[reporter] / "report" / "bench.json")
     assert "2 nodes x 1 ranks" in (work[reporter] / "report" / "report.md").read_text()
+    # The page beside it, named in --json; the other node has none (no figures there).
+    assert docs[reporter]["report_html"] == str(work[reporter] / "report" / "report.html")
+    assert "2 nodes x 1 ranks" in (work[reporter] / "report" / "report.html").read_text()
+    assert docs[other]["report_html"] is None
 
     # The other node: its own download/pin/smoke, no figures, a report.md saying where.
     assert docs[other]["report_json"] is None

@@ -105,7 +105,7 @@ def _fresh(tuned: dict) -> Path:
 def test_tune_writes_the_profile_and_the_report_links_it(tuned):
     work = _fresh(tuned)
     tune_dir = work / "report" / "tune"
-    for name in ("profile.json", "profile.md", "trace.json", "breakdown.png"):
+    for name in ("profile.json", "profile.md", "report.html", "trace.json", "breakdown.png"):
         assert (tune_dir / name).is_file(), name
     assert json.loads((tune_dir / "profile.json").read_text())["schema_version"]
     trace = json.loads((tune_dir / "trace.json").read_text())
@@ -136,10 +136,16 @@ def test_tune_writes_the_profile_and_the_report_links_it(tuned):
         if rec.get("command"):
             assert rec["command"] in report
 
+    # The run's page links the diagnosis page (both beside their markdown).
+    page = (work / "report" / "report.html").read_text()
+    assert 'href="tune/report.html"' in page
+    assert 'href="bench.json"' in page
+
     doc = tuned["doc"]
     assert doc["tune"] == {
         "profile": str(tune_dir / "profile.json"),
         "markdown": str(tune_dir / "profile.md"),
+        "html": str(tune_dir / "report.html"),
         "trace": str(tune_dir / "trace.json"),
         "plot": str(tune_dir / "breakdown.png"),
     }

@@ -37,7 +37,7 @@ def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-OUTPUTS = ("profile.json", "profile.md", "trace.json", "breakdown.png")
+OUTPUTS = ("profile.json", "profile.md", "report.html", "trace.json", "breakdown.png")
 
 
 def test_profile_writes_every_output(profiled: Path):

@@ -115,7 +115,7 @@ def test_plot_writes_a_png(tmp_path, eager_profile):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-OUTPUTS = ("profile.json", "profile.md", "trace.json", "breakdown.png")
+OUTPUTS = ("profile.json", "profile.md", "report.html", "trace.json", "breakdown.png")
 
 
 def test_outputs_replace_planted_symlinks_and_leave_their_targets(tmp_path, eager_profile):
@@ -129,7 +129,7 @@ def test_outputs_replace_planted_symlinks_and_leave_their_targets(tmp_path, eage
         (outside / name).write_bytes(b"keep me")
         (out / name).symlink_to(outside / name)
     written = write_outputs(eager_profile, out)
-    assert set(written) == {"profile", "markdown", "trace", "plot"}
+    assert set(written) == {"profile", "markdown", "html", "trace", "plot"}
     for name in OUTPUTS:
         assert (outside / name).read_bytes() == b"keep me", name
         assert not (out / name).is_symlink(), name

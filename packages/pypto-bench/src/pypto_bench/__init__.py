@@ -27,6 +27,7 @@ from .errors import (
     ReportWriteError,
     TooManyRanksError,
 )
+from .html_report import report_to_html, write_html
 from .measure import (
     RssPeak,
     count_tokens,
@@ -112,6 +113,7 @@ __all__ = [
     "open_session",
     "plot",
     "register_plugin",
+    "report_to_html",
     "report_to_markdown",
     "run_bench",
     "run_distributed",
@@ -124,5 +126,6 @@ __all__ = [
     "timed",
     "unregister_plugin",
     "validate_report",
+    "write_html",
     "write_report",
 ]

@@ -77,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--markdown", action="store_true", help="print the markdown rendering to stderr"
     )
+    run.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="also write the run as one self-contained HTML page (arms, intervals, roofline "
+        "plot, noise verdicts; opens offline in a browser)",
+    )
     run.add_argument("--no-progress", action="store_true")
     run.add_argument(
         "--launched",
@@ -243,6 +250,10 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
 
     # The recorded command line is redacted where the report is built and written.
     config = bench_config_from_args(args, command_line=command_line)
+    if args.html:  # like --report-file: an unwritable page fails now, not after the run
+        from .html_report import check_html_path
+
+        check_html_path(args.html)
     if config.history:  # a refused history file stops the run before anything loads
         from .history import check_db_path
 
@@ -333,10 +344,29 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
                 f"{report.written_to} (copy it from there)"
             )
             code = EXIT.REPORT_FALLBACK
+    if args.html:
+        code = _write_page(args, report, code)
     if not report.ok:
         _err(f"arm(s) failed: {', '.join(report.failed_arm_causes)} (details in the report)")
         return EXIT.ARM_FAILED
     return code
+
+
+def _write_page(args: argparse.Namespace, report: Any, code: int) -> int:
+    """``--html FILE``: the page, handled like ``--report-file``: where asked, else a
+    fallback path named on stderr (exit 45); nowhere at all raises ``ReportWriteError``."""
+    from pathlib import Path
+
+    from .html_report import write_html
+
+    asked = Path(args.html).expanduser()
+    written = write_html(report, asked, json_path=report.written_to)
+    if written.resolve() == asked.resolve():
+        if not args.quiet:
+            print(f"page written to {written}", file=sys.stderr)
+        return code
+    _err(f"could not write the page to {args.html}; it was saved to {written} (copy it from there)")
+    return EXIT.REPORT_FALLBACK
 
 
 def _compare(args: argparse.Namespace) -> int:

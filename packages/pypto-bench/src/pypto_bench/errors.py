@@ -46,13 +46,14 @@ EXIT = ExitCodeTable(
         (
             45,
             "REPORT_FALLBACK",
-            "run: the report could not be written to --report-file; it was saved to the "
-            "fallback path named on stderr",
+            "run: the report could not be written to --report-file (or the page to --html); "
+            "it was saved to the fallback path named on stderr",
         ),
         (
             46,
             "REPORT_UNWRITTEN",
-            "run: the report could be written nowhere; its JSON was printed on stdout",
+            "run: the report could be written nowhere (its JSON was printed on stdout), or the "
+            "--html page could be written nowhere (the error names it)",
         ),
         (
             47,

@@ -36,17 +36,26 @@ __all__ = [
     "SWEEP_HEADERS",
     "ArmResult",
     "Report",
+    "arm_rows",
     "check_report_path",
+    "diffusion_rows",
+    "distributed_lines",
     "fallback_dirs",
     "format_table",
     "headers",
     "interval_text",
+    "kv_cache_line",
     "load_report",
+    "memory_note",
+    "mitigations_line",
     "model_section",
     "new_report",
+    "noise_lines",
     "ratio_cell",
     "report_to_markdown",
+    "schedule_lines",
     "schema",
+    "sweep_rows",
     "underlying_error",
     "validate_report",
     "vl_line",
@@ -1025,3 +1034,54 @@ def _noise_markdown(data: dict[str, Any]) -> list[str]:
             f"{c['threshold']:g} | {'HOLDS' if c['holds'] else 'ok'} |"
         )
     return lines
+
+
+# --- the pieces every rendering shows ---------------------------------------------------
+# The terminal table and the markdown above, and the HTML page (pypto_bench.html_report),
+# show the same cells and lines: one builder each, so a figure cannot read one way in the
+# markdown and another on the page.
+
+
+def arm_rows(report: Report | dict[str, Any]) -> list[list[str]]:
+    """The arm table's cells (columns: :func:`headers`), one row per arm."""
+    return _rows(_as_dict(report))
+
+
+def sweep_rows(report: Report | dict[str, Any]) -> list[list[str]]:
+    """The batch sweep's cells (columns: ``SWEEP_HEADERS``); empty without a sweep."""
+    return _sweep_rows(_as_dict(report))
+
+
+def diffusion_rows(report: Report | dict[str, Any]) -> list[list[str]]:
+    """The diffusion-generate figures per arm (columns: ``DIFFUSION_HEADERS``)."""
+    return _diffusion_rows(_as_dict(report))
+
+
+def schedule_lines(report: Report | dict[str, Any]) -> list[str]:
+    """The schedule, ``--target-ci``'s outcome and each arm's intervals, in words."""
+    return _schedule_lines(_as_dict(report))
+
+
+def noise_lines(report: Report | dict[str, Any]) -> list[str]:
+    """One line per arm the noise guard marked UNRELIABLE, then the run's NOISE summary."""
+    return _noise_lines(_as_dict(report))
+
+
+def memory_note(report: Report | dict[str, Any]) -> str | None:
+    """Why a CPU report's resident-set columns show "-" (None when they do not)."""
+    return _memory_note(_as_dict(report))
+
+
+def distributed_lines(report: Report | dict[str, Any]) -> list[str]:
+    """``--nproc N``: the aggregate against the 1-rank run, then one line per rank."""
+    return _distributed_lines(_as_dict(report))
+
+
+def kv_cache_line(arm: dict[str, Any]) -> str | None:
+    """A graph arm's capture-safe KV / recurrent-state cache in one line (None without)."""
+    return _kv_cache_line(arm)
+
+
+def mitigations_line(arm: dict[str, Any]) -> str | None:
+    """The capture mitigations an arm applied (None when none)."""
+    return _mitigations_line(arm)

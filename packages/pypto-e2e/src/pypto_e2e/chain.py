@@ -33,6 +33,8 @@ class RunResult:
     steps: list[StepOutcome]
     report_json: Path | None = None
     report_markdown: Path | None = None
+    #: The self-contained page beside report.md (pypto_bench.html_report).
+    report_html: Path | None = None
     plot: Path | None = None
     smoke: dict[str, Any] | None = None
     failed_arms: list[str] = field(default_factory=list)
@@ -52,6 +54,7 @@ class RunResult:
             "model_path": str(self.model_path) if self.model_path else None,
             "report_json": str(self.report_json) if self.report_json else None,
             "report_markdown": str(self.report_markdown) if self.report_markdown else None,
+            "report_html": str(self.report_html) if self.report_html else None,
             "plot": str(self.plot) if self.plot else None,
             "failed_arms": self.failed_arms,
             "removed_auto_map": self.removed_auto_map,
@@ -101,6 +104,7 @@ def _run_locked(config: RunConfig, progress: Callable[[str], None] | None) -> Ru
         steps=steps,
         report_json=_path(report_out.get("report_json") or bench_out.get("report_json")),
         report_markdown=_path(report_out.get("report_markdown")),
+        report_html=_path(report_out.get("report_html")),
         plot=_path(report_out.get("plot")),
         smoke=state.outputs.get("smoke", {}).get("result"),
         failed_arms=list(bench_out.get("failed_arms", [])),

@@ -185,6 +185,14 @@ def _emit(result: RunResult, args: argparse.Namespace, secrets: list[str]) -> No
         return
     if result.report_markdown and not args.quiet:
         sys.stderr.write("\n" + result.report_markdown.read_text() + "\n")
+        page = result.report_html
+        if page is not None and page.is_file():  # written beside report.md
+            print(
+                redact(
+                    f"pypto-e2e: report page: {page} (open it in a browser; works offline)", secrets
+                ),
+                file=sys.stderr,
+            )
     if result.model_path:
         print(export_line("MODEL_PATH", result.model_path))
     if result.report_markdown:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pypto_common import atomic_write_text, redact
+from pypto_common import atomic_write_text, redact, redact_obj
 
 from .errors import EXIT, StepFailedError, cause_of, step_failure
 from .remote_code import entries_text, remote_code_entries, verify_pin
@@ -447,7 +448,7 @@ _TUNE_RESUME = (
 
 
 def do_report(state: RunState) -> StepResult:
-    from pypto_bench import BenchError, load_report
+    from pypto_bench import BenchError, load_report, report_to_html
 
     bench = state.outputs.get("bench", {})
     if bench.get("remote_report"):
@@ -473,21 +474,41 @@ def do_report(state: RunState) -> StepResult:
         tune=None if tune.get("not_needed") else tune,
         report_dir=report_dir,
     )
-    try:
-        report_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(markdown, redact(text, state.secrets))
-    except OSError as err:
-        raise StepFailedError(
-            "report",
-            f"cannot write {markdown}: {err.strerror or err}; the bench results are safe in "
-            f"{report_json}",
-            exit_code=EXIT.REPORT_FAILED,
-            resume="make the report folder writable, then re-run with --from report",
-        ) from err
-    outputs: dict[str, Any] = {"report_json": str(report_json), "report_markdown": str(markdown)}
+    # The same run as one page beside report.md (pypto_bench.html_report), linking the
+    # bench JSON and, with --tune, the diagnosis page; redacted before it is rendered.
+    page = report_dir / "report.html"
+    tune_page = (tune.get("files") or {}).get("html") if not tune.get("not_needed") else None
+    links = [("the diagnosis (pypto-tune)", _relative(tune_page, report_dir))] if tune_page else []
+    html = report_to_html(
+        redact_obj(data, state.secrets),
+        json_href=_relative(report_json, report_dir),
+        links=links,
+    )
+    for path, content in ((markdown, redact(text, state.secrets)), (page, html)):
+        try:
+            report_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, content)
+        except OSError as err:
+            raise StepFailedError(
+                "report",
+                f"cannot write {path}: {err.strerror or err}; the bench results are safe in "
+                f"{report_json}",
+                exit_code=EXIT.REPORT_FAILED,
+                resume="make the report folder writable, then re-run with --from report",
+            ) from err
+    outputs: dict[str, Any] = {
+        "report_json": str(report_json),
+        "report_markdown": str(markdown),
+        "report_html": str(page),
+    }
     if write_plot(data, plot):
         outputs["plot"] = str(plot)
-    return outputs, f"wrote {markdown}"
+    return outputs, f"wrote {markdown} and {page.name}"
+
+
+def _relative(target: str | Path, folder: Path) -> str:
+    """``target``'s path from ``folder`` (a page's links travel with the work dir)."""
+    return os.path.relpath(Path(target).resolve(), folder.resolve())
 
 
 def _remote_report(state: RunState, bench: dict[str, Any]) -> StepResult:

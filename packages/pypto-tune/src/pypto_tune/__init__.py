@@ -18,6 +18,7 @@ from .errors import (
     SearchFailedError,
     TuneError,
 )
+from .html_report import profile_to_html
 from .microbench import kv_layout_times
 from .model import profile, profile_model, profile_step
 from .outputs import (
@@ -69,6 +70,7 @@ __all__ = [
     "profile",
     "profile_model",
     "profile_step",
+    "profile_to_html",
     "summarize",
     "tile_search",
     "to_markdown",

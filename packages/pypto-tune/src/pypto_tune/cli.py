@@ -17,7 +17,7 @@ from typing import Any
 
 from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
-from .errors import EXIT, BadInputError, TuneError
+from .errors import EXIT, BadInputError, OutputWriteError, TuneError
 
 __all__ = [
     "OWN_LOGGERS",
@@ -75,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         default=None,
         metavar="DIR",
-        help="write profile.json, profile.md, trace.json (Perfetto) and breakdown.png here",
+        help="write profile.json, profile.md, report.html (the diagnosis as one page), "
+        "trace.json (Perfetto) and breakdown.png here",
     )
     pr.add_argument(
         "--no-peaks",
@@ -89,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     add_verbosity_flags(ad, top=False)
     ad.add_argument("profile", help="profile.json from `pypto-tune profile`")
     ad.add_argument("--json", action="store_true")
-    ad.add_argument("--write", action="store_true", help="store the new diagnosis in the file")
+    ad.add_argument(
+        "--write",
+        action="store_true",
+        help="store the new diagnosis in the file (and in report.html beside it)",
+    )
     _thresholds(ad)
 
     cm = sub.add_parser("compare", help="diff two profiles; check the baseline's predictions")
@@ -268,13 +273,33 @@ def _profile_ranks(args: argparse.Namespace, config: Any, out: Path | None) -> i
 
 def _advise(args: argparse.Namespace) -> int:
     from .advise import advise
-    from .outputs import load_profile, to_markdown, write_profile
+    from .html_report import PAGE_NAME
+    from .outputs import load_profile, to_markdown, write_page, write_profile
 
     thresholds = _parse_thresholds(args.threshold)
     prof = load_profile(args.profile)
     advise(prof, thresholds)
     if args.write:
-        write_profile(prof, args.profile)
+        written = write_profile(prof, args.profile)
+        # In a folder `pypto-tune profile --out` wrote, profile.md and the page beside it
+        # show the new diagnosis too (a trace there is linked); elsewhere only the file.
+        folder = written.parent
+        if (folder / "profile.md").is_file() or (folder / PAGE_NAME).is_file():
+            from pypto_common import atomic_write_text
+
+            try:
+                atomic_write_text(folder / "profile.md", to_markdown(prof))
+            except OSError as err:
+                raise OutputWriteError(
+                    f"cannot write {folder / 'profile.md'} ({err.strerror or err}): free "
+                    "space or make the folder writable"
+                ) from None
+            write_page(
+                prof,
+                folder / PAGE_NAME,
+                trace_href="trace.json" if (folder / "trace.json").is_file() else None,
+                profile_href=written.name,
+            )
     if args.json:
         print(
             json.dumps(

@@ -23,6 +23,7 @@ from pypto_common import (
 
 from .errors import BadInputError, EnvironmentMissingError, OutputWriteError, ProfileFormatError
 from .records import SCHEMA_NAME, SCHEMA_VERSION, Profile
+from .render import attribution_line, clip, layer_times, us_text
 from .schema import SchemaError, validate_profile
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "to_markdown",
     "write_chrome_trace",
     "write_outputs",
+    "write_page",
     "write_profile",
 ]
 
@@ -115,20 +117,9 @@ def load_profile(path: str | Path) -> Profile:
         validate_profile(data)
     except SchemaError as err:
         raise ProfileFormatError(
-            f"{path}: malformed profile ({_clip(str(err))}); re-profile"
+            f"{path}: malformed profile ({clip(str(err))}); re-profile"
         ) from None
     return Profile.from_dict(data)
-
-
-def _clip(text: str, limit: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _us(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v / 1000:.2f} ms" if v >= 1000 else f"{v:.1f} us"
 
 
 def to_markdown(p: Profile, *, top: int = 15) -> str:
@@ -144,9 +135,9 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
         "",
         "## Step",
         "",
-        f"- time per {p.step.get('unit')}: {_us(p.step_us)} "
-        f"(median {_us(p.step.get('time_us', {}).get('median'))}, stdev {_us(p.step.get('time_us', {}).get('stdev'))})",
-        f"- device busy {_us(p.step.get('device_busy_us'))}, host gaps {_us(p.step.get('host_gap_us'))}, "
+        f"- time per {p.step.get('unit')}: {us_text(p.step_us)} "
+        f"(median {us_text(p.step.get('time_us', {}).get('median'))}, stdev {us_text(p.step.get('time_us', {}).get('stdev'))})",
+        f"- device busy {us_text(p.step.get('device_busy_us'))}, host gaps {us_text(p.step.get('host_gap_us'))}, "
         f"utilisation {(p.step.get('utilisation') or 0):.0%}; bound by the "
         f"{(p.step.get('critical_path') or {}).get('bound', '?')}",
         f"- host syncs per step: {p.step.get('host_syncs') or 0:.1f}",
@@ -158,16 +149,16 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
         )
     lines += ["", "## Time by block", "", "| block | per step | share |", "|---|---:|---:|"]
     for name, b in sorted(p.blocks.items(), key=lambda kv: -kv[1]["us"]):
-        lines.append(f"| {name} | {_us(b['us'])} | {b['share']:.1%} |")
+        lines.append(f"| {name} | {us_text(b['us'])} | {b['share']:.1%} |")
     layers = layer_times(p)
     if layers:
         lines += ["", "## Time by layer", "", "| layer | per step | share |", "|---|---:|---:|"]
         step = p.step_us
         for layer, us in sorted(layers.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"| {layer} | {_us(us)} | {us / step if step else 0:.1%} |")
+            lines.append(f"| {layer} | {us_text(us)} | {us / step if step else 0:.1%} |")
     attribution = m.get("attribution")
     if isinstance(attribution, dict):
-        lines += ["", "## Inside the captured step", "", _attribution_line(attribution)]
+        lines += ["", "## Inside the captured step", "", attribution_line(attribution)]
     lines += [
         "",
         f"## Top {top} operators",
@@ -180,7 +171,7 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     dev = str(m.get("device_type") or "cpu")
     for op in p.ops[:top]:
         lines.append(
-            f"| `{op.name}` | {op.module or '-'} | {op.block} | {op.calls:.1f} | {_us(op_time(op, dev))} |"
+            f"| `{op.name}` | {op.module or '-'} | {op.block} | {op.calls:.1f} | {us_text(op_time(op, dev))} |"
         )
     lines += ["", "## Findings", ""]
     if not p.findings:
@@ -210,47 +201,6 @@ def to_markdown(p: Profile, *, top: int = 15) -> str:
     for w in p.warnings:
         lines.append(f"\nWarning: {w}")
     return "\n".join(lines) + "\n"
-
-
-def layer_times(p: Profile) -> dict[int, float]:
-    """Per-step time of each decoder layer (operators attributed to a layer index)."""
-    from .summary import op_time
-
-    dev = str(p.meta.get("device_type") or "cpu")
-    out: dict[int, float] = {}
-    for op in p.ops:
-        if isinstance(op.layer, int):
-            out[op.layer] = out.get(op.layer, 0.0) + op_time(op, dev)
-    return out
-
-
-def _attribution_line(a: dict[str, Any]) -> str:
-    """One paragraph on how the captured step was attributed (read from a file too:
-    every value is checked, every text clipped)."""
-    raw = a.get("cost")
-    cost: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    compile_s = cost.get("compile_s")
-    spent = (
-        f"; the attribution pass took {compile_s:.1f} s of compiling, outside the profiled steps"
-        if isinstance(compile_s, (int, float)) and math.isfinite(compile_s)
-        else ""
-    )
-    if a.get("status") != "ok":
-        return (
-            f"Not attributed: {_clip(str(a.get('why')))}. The captured step is one "
-            f"`captured` block{spent}."
-        )
-
-    def n(key: str) -> str:
-        v = a.get(key)
-        return str(v) if isinstance(v, int) else "?"
-
-    return (
-        f"Every kernel of the captured step attributed from {_clip(str(a.get('source')), 20)} "
-        f"provenance: {n('kernels_matched')} kernels over {n('calls')} graph calls, "
-        f"{n('fused_across')} fused across modules (split: {_clip(str(a.get('split_rule')), 400)}); "
-        f"what is left in `captured` ran outside the compiled graph{spent}."
-    )
 
 
 def chrome_trace(p: Profile) -> dict[str, Any]:
@@ -376,9 +326,21 @@ def plot_comparison(c: dict[str, Any], path: str | Path) -> Path:
         plt.close(fig)
 
 
+def write_page(
+    p: Profile, path: str | Path, *, trace_href: str | None, profile_href: str | None
+) -> Path:
+    """The diagnosis page (:func:`pypto_tune.html_report.profile_to_html`), written the
+    one way outputs are written."""
+    from .html_report import profile_to_html
+
+    page = profile_to_html(p, trace_href=trace_href, profile_href=profile_href).encode("utf-8")
+    return _write(Path(path), "HTML report", lambda fh: fh.write(page))
+
+
 def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
-    """Everything for one profile in folder ``out``: profile.json, profile.md, trace.json
-    (when the raw trace is in memory) and breakdown.png (when matplotlib is installed)."""
+    """Everything for one profile in folder ``out``: profile.json, profile.md, report.html
+    (the same diagnosis as one self-contained page), trace.json (when the raw trace is in
+    memory) and breakdown.png (when matplotlib is installed)."""
     import logging
 
     out = Path(out)
@@ -396,6 +358,14 @@ def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
     )
     if p.trace is not None:
         written["trace"] = str(write_chrome_trace(p, out / "trace.json"))
+    written["html"] = str(
+        write_page(
+            p,
+            out / "report.html",
+            trace_href="trace.json" if "trace" in written else None,
+            profile_href="profile.json",
+        )
+    )
     try:
         written["plot"] = str(plot_blocks(p, out / "breakdown.png"))
     except EnvironmentMissingError as err:
