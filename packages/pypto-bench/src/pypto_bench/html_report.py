@@ -47,6 +47,7 @@ from .report import (
     arm_rows,
     diffusion_rows,
     distributed_lines,
+    failure_lines,
     fallback_dirs,
     headers,
     interval_text,
@@ -56,7 +57,6 @@ from .report import (
     noise_lines,
     schedule_lines,
     sweep_rows,
-    underlying_error,
     vl_line,
 )
 
@@ -168,16 +168,7 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
     for arm in arms:
         if arm.get("ok"):
             continue
-        failed.append(f"{arm.get('name')}: {arm.get('error')}")
-        expl = arm.get("explanation") or {}
-        cause = underlying_error(expl)
-        if cause and cause not in str(arm.get("error")):
-            failed.append(f"{arm.get('name')}: underlying error: {cause}")
-        if expl.get("matched"):
-            failed.append(f"{arm.get('name')}: cause: {expl.get('cause')}; fix: {expl.get('fix')}")
-        stage = (arm.get("bisect") or {}).get("failed_stage")
-        if stage:
-            failed.append(f"{arm.get('name')}: bisect: first failing stage {stage}")
+        failed += [f"{arm.get('name')}: {line}" for line in failure_lines(arm)]
     # A sweep's first batch is the headline arms above; the other batches' failures here.
     for entry in (data.get("batch_sweep") or [])[1:]:
         for arm in (entry or {}).get("arms") or []:

@@ -40,6 +40,7 @@ __all__ = [
     "check_report_path",
     "diffusion_rows",
     "distributed_lines",
+    "failure_lines",
     "fallback_dirs",
     "format_table",
     "headers",
@@ -736,6 +737,22 @@ def underlying_error(explanation: dict[str, Any] | None) -> str | None:
     return f"{kind}: {message}" if message else str(kind)
 
 
+def failure_lines(arm: dict[str, Any]) -> list[str]:
+    """Why a failed arm failed, for every rendering: its error, then (where known) the
+    underlying error, the matched cause and fix, and bisect's first failing stage."""
+    out = [str(arm.get("error"))]
+    expl = arm.get("explanation") or {}
+    underlying = underlying_error(expl)
+    if underlying and underlying not in str(arm.get("error")):
+        out.append(f"underlying error: {underlying}")
+    if expl.get("matched"):
+        out.append(f"cause: {expl.get('cause')}  fix: {expl.get('fix')}")
+    stage = (arm.get("bisect") or {}).get("failed_stage")
+    if stage:
+        out.append(f"bisect: first failing stage {stage}")
+    return out
+
+
 def format_table(report: Report | dict[str, Any]) -> str:
     """Plain-text table for the terminal."""
     data = _as_dict(report)
@@ -775,16 +792,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
                 f"{arm['name']}: outputs differ by design ({arm['outputs_differ_by_design']})"
             )
         if not arm["ok"]:
-            lines.append(f"{arm['name']}: {arm.get('error')}")
-            expl = arm.get("explanation") or {}
-            underlying = underlying_error(expl)
-            if underlying and underlying not in str(arm.get("error")):
-                lines.append(f"  underlying error: {underlying}")
-            if expl.get("matched"):
-                lines.append(f"  cause: {expl.get('cause')}  fix: {expl.get('fix')}")
-            stage = (arm.get("bisect") or {}).get("failed_stage")
-            if stage:
-                lines.append(f"  bisect: first failing stage {stage}")
+            first, *more = failure_lines(arm)
+            lines.append(f"{arm['name']}: {first}")
+            lines += [f"  {m}" for m in more]
     lines += _sweep_lines(data)
     lines += _distributed_lines(data)
     return "\n".join(lines)
