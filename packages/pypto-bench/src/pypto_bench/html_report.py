@@ -45,6 +45,7 @@ from .report import (
     SWEEP_HEADERS,
     Report,
     arm_rows,
+    check_report_path,
     diffusion_rows,
     distributed_lines,
     failure_lines,
@@ -516,19 +517,7 @@ def report_to_html(
 
 def check_html_path(path: str | Path) -> Path:
     """Fail before the run (not after minutes of benchmarking) if ``--html`` is unwritable."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ReportPathError(f"--html {p} is a folder: pass a file name such as {p}/report.html")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ReportPathError(
-            f"--html folder {parent} does not exist: create it or pick another path"
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ReportPathError(f"--html folder {parent} is not writable: pick another --html")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ReportPathError(f"--html file {p} is not writable: pick another --html")
-    return p
+    return check_report_path(path, flag="--html", example="report.html")
 
 
 def _href(target: Path | None, page_path: Path) -> str | None:

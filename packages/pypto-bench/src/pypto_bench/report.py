@@ -286,22 +286,26 @@ def _own_version() -> str:
         return "0+unknown"
 
 
-def check_report_path(path: str | Path) -> Path:
-    """Fail before the run (not after minutes of benchmarking) if ``path`` is unwritable."""
+def check_report_path(
+    path: str | Path, *, flag: str = "--report-file", example: str = "report.json"
+) -> Path:
+    """Fail before the run (not after minutes of benchmarking) if ``path`` is unwritable;
+    ``flag`` names the option in the message (``--report-file``, ``--html``)."""
+    what = "report" if flag == "--report-file" else flag
     p = Path(path).expanduser()
     if p.is_dir():
         raise ReportPathError(
-            f"report path {p} is a folder: pass a file name such as {p}/report.json"
+            f"{what} path {p} is a folder: pass a file name such as {p}/{example}"
         )
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise ReportPathError(
-            f"report folder {parent} does not exist: create it or pick another path"
+            f"{what} folder {parent} does not exist: create it or pick another path"
         )
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ReportPathError(f"report folder {parent} is not writable: pick another --report-file")
+        raise ReportPathError(f"{what} folder {parent} is not writable: pick another {flag}")
     if p.exists() and not os.access(p, os.W_OK):
-        raise ReportPathError(f"report file {p} is not writable: pick another --report-file")
+        raise ReportPathError(f"{what} file {p} is not writable: pick another {flag}")
     return p
 
 
