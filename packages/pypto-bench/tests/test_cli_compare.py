@@ -217,6 +217,16 @@ def test_compare_ratios_refusals_markdown_plot(decode_report, tmp_path, capsys):
     graph_rows = [r for r in comp.rows if r["arm"] == "graph"]
     assert graph_rows[1]["ratio_to_first"] == pytest.approx(1.0)
     assert "| graph |" in comp.to_markdown()
+    # Every ratio the table prints carries its interval: against the first report (the
+    # two reports' rounds resampled apart) and against eager (the report's paired one).
+    vs_first, vs_eager = graph_rows[1]["ratio_vs_first"], graph_rows[1]["ratio_vs_eager"]
+    assert vs_first["median"] == pytest.approx(1.0)
+    assert vs_first["low"] <= 1.0 <= vs_first["high"]
+    assert "unpaired" in vs_first["method"]
+    assert vs_eager == next(a for a in data["arms"] if a["name"] == "graph")["ratio_vs_eager"]
+    row = [ln for ln in comp.to_text().splitlines()[1:] if " graph " in ln][1]
+    assert f"1.00 [{vs_first['low']:.2f}, {vs_first['high']:.2f}]" in row
+    assert f"{vs_eager['median']:.2f} [{vs_eager['low']:.2f}, {vs_eager['high']:.2f}]" in row
 
     other_regime = dict(data, regime="prefill")
     other_machine = json.loads(json.dumps(data))

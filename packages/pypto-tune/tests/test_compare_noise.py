@@ -33,7 +33,11 @@ def test_faster_when_the_intervals_part():
     assert c["noise"]["time_ratio"]["high"] < 1.0
     assert c["blocks"]["mlp"]["verdict"] == "faster"
     assert c["ops"][0]["verdict"] == "faster"
-    assert "**faster**" in comparison_markdown(c)
+    md = comparison_markdown(c)
+    assert "**faster**" in md
+    # The step's speedup is printed with its interval (the time ratio's, inverted).
+    r = c["noise"]["time_ratio"]
+    assert f"{c['step_speedup']:.2f}x [{1 / r['high']:.2f}, {1 / r['low']:.2f}]" in md
 
 
 def test_slower_when_opt_is_slower_throughout():
@@ -67,6 +71,7 @@ def test_totals_only_profiles_say_no_interval_can_be_formed():
     md = comparison_markdown(c)
     assert "no interval can be formed" in md
     assert "| no interval |" in md
+    assert "x (no interval: see Noise)" in md
 
 
 def test_cli_json_carries_the_verdicts(tmp_path: Path, capsys):

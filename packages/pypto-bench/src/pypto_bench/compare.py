@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInputError, CompareMismatchError, EnvironmentMissingError
+from .intervals import unpaired_ratio
 from .noise import summary as noise_summary
-from .report import Report, load_report
+from .report import Report, interval_text, load_report
 
 __all__ = [
     "Comparison",
@@ -74,8 +75,8 @@ class Comparison:
         for r in self.rows:
             lines.append(
                 f"| {r['report']} | {r['arm']} | {'ok' if r['ok'] else 'FAILED'} | "
-                f"{_f(r['best_tok_s'], '.1f')} | {_f(r['ratio_to_first'], '.2f')} | "
-                f"{_f(r['ratio_to_eager'], '.2f')} | {_peak(r)} | {_noise(r)} |"
+                f"{_f(r['best_tok_s'], '.1f')} | {_ratio(r, 'ratio_vs_first', 'ratio_to_first')} | "
+                f"{_ratio(r, 'ratio_vs_eager', 'ratio_to_eager')} | {_peak(r)} | {_noise(r)} |"
             )
         if self.mismatches:
             lines += ["", *[f"- forced despite: {m}" for m in self.mismatches]]
@@ -94,8 +95,8 @@ class Comparison:
                     r["arm"],
                     "ok" if r["ok"] else "FAILED",
                     _f(r["best_tok_s"], ".1f"),
-                    _f(r["ratio_to_first"], ".2f"),
-                    _f(r["ratio_to_eager"], ".2f"),
+                    _ratio(r, "ratio_vs_first", "ratio_to_first"),
+                    _ratio(r, "ratio_vs_eager", "ratio_to_eager"),
                     _peak(r),
                     _noise(r),
                 ]
@@ -104,6 +105,15 @@ class Comparison:
         return "\n".join(
             "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
         )
+
+
+def _samples(arm: dict[str, Any]) -> list[float]:
+    return list((arm.get("tokens_per_s") or {}).get("samples") or [])
+
+
+def _ratio(row: dict[str, Any], interval_key: str, point_key: str) -> str:
+    """A ratio with its 95% interval where the reports allow one, else the point value."""
+    return interval_text(row.get(interval_key)) or _f(row.get(point_key), ".2f")
 
 
 def _peak(row: dict[str, Any]) -> str:
@@ -173,6 +183,12 @@ def compare(
             best = arm["tokens_per_s"].get("best") if arm["ok"] else None
             base = first.get(arm["name"])
             base_best = base["tokens_per_s"].get("best") if base and base["ok"] else None
+            # Across reports nothing pairs the rounds: each side resampled on its own.
+            vs_first = (
+                unpaired_ratio(_samples(arm), _samples(base))
+                if arm["ok"] and base and base["ok"]
+                else None
+            )
             comp.rows.append(
                 {
                     "report": label,
@@ -180,7 +196,9 @@ def compare(
                     "ok": arm["ok"],
                     "best_tok_s": best,
                     "ratio_to_first": (best / base_best) if best and base_best else None,
+                    "ratio_vs_first": vs_first.to_dict() if vs_first is not None else None,
                     "ratio_to_eager": arm.get("ratio_to_eager"),
+                    "ratio_vs_eager": arm.get("ratio_vs_eager"),
                     "peak_memory_bytes": peak,
                     "peak_memory_kind": kind,
                     "unreliable": arm.get("unreliable"),

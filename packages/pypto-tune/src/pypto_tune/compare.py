@@ -258,6 +258,15 @@ def _noise_line(noise: dict[str, Any] | None) -> str:
     )
 
 
+def _speedup_interval(noise: dict[str, Any] | None) -> str:
+    """`` [low, high]``: the speedup's 95% interval (the inverse of the step-time ratio's),
+    or a note that the profiles kept too few steps for one."""
+    r = (noise or {}).get("time_ratio")
+    if not r or not r.get("low") or not r.get("high"):
+        return " (no interval: see Noise)"
+    return f" [{1 / r['high']:.2f}, {1 / r['low']:.2f}]"
+
+
 def comparison_markdown(c: dict[str, Any]) -> str:
     def v(row: dict[str, Any]) -> str:
         return row.get("verdict") or "no interval"
@@ -266,7 +275,7 @@ def comparison_markdown(c: dict[str, Any]) -> str:
         "# pypto-tune compare",
         "",
         f"Step: {c['base']['step_us']:.1f} us ({c['base']['arm']}) -> {c['opt']['step_us']:.1f} us "
-        f"({c['opt']['arm']}): {c['step_speedup']:.2f}x"
+        f"({c['opt']['arm']}): {c['step_speedup']:.2f}x{_speedup_interval(c.get('noise'))}"
         if c["step_speedup"]
         else "Step: n/a",
         "",
