@@ -351,6 +351,19 @@ def test_two_nodes_on_loopback_agree_with_one_rank(tiny: Path, tmp_path: Path, r
 
     assert dist["threads_per_rank"] == max(1, visible_devices("cpu") // 2)
     assert sum("its ranks are done" in e for _, _, e in results) == 1
+    # The other node kept its own rank's figures beside the report path it was given.
+    kept = [tmp_path / f"{regime}.node{n}.json" for n in (0, 1)]
+    (own,) = [k for k in kept if k.is_file()]
+    doc = json.loads(own.read_text())
+    assert doc["kind"] == "pypto-bench node figures"
+    assert doc["nnodes"] == 2
+    assert doc["node_rank"] == int(own.name.split(".node")[1].split(".")[0])
+    (entry,) = doc["ranks"]
+    assert entry["rank"] != 0
+    samples = entry["arms"]["eager"]["samples_s"]
+    reported = next(r for r in dist["ranks"] if r["rank"] == entry["rank"])["samples_s"]
+    assert samples == reported  # the very figures rank 0's report holds for that rank
+    assert any(f"their own figures: {own}" in e for _, _, e in results)
     for n in (0, 1):  # nothing left in either node's temporary folder
         assert list((tmp_path / f"node{n}").iterdir()) == []
 

@@ -129,12 +129,16 @@ def test_two_nodes_each_run_the_flow_and_the_node_with_rank_0_reports(
     assert docs[other]["report_markdown"] == str(work[other] / "report" / "report.md")
     steps = _steps(work[other])
     assert steps["smoke"]["status"] == "ok"
+    kept = work[other] / "report" / f"bench.node{other}.json"  # its own ranks' figures
     assert steps["bench"]["outputs"] == {
         "remote_report": True,
         "nnodes": 2,
         "node_rank": other,
         "failed_arms": [],
+        "node_figures": str(kept),
     }
+    assert [r["rank"] for r in json.loads(kept.read_text())["ranks"]] == [1]
+    assert f"bench.node{other}.json" in note
     assert "its ranks are done" in str(steps["bench"]["note"])
     assert "this node's ranks are done" in results[other][2]
     for n in (0, 1):  # the launcher's run folder is gone on both nodes (caches may stay)

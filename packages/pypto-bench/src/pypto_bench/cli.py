@@ -275,10 +275,16 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
         got = _run_node(config)
         if got is None:  # this node's ranks are done; rank 0 ran on another node
             if not args.quiet:
+                from .multi.launch import node_figures_path
+
                 node = "" if config.node_rank is None else f" {config.node_rank}"
+                own = ""
+                if config.report_file:
+                    kept = node_figures_path(config.report_file, config.node_rank)
+                    own = f" (their own figures: {kept})" if kept.is_file() else ""
                 print(
-                    f"pypto-bench: node{node}: its ranks are done; the node that ran rank 0 "
-                    "writes the report",
+                    f"pypto-bench: node{node}: its ranks are done{own}; the node that ran "
+                    "rank 0 writes the report",
                     file=sys.stderr,
                 )
             return EXIT.OK

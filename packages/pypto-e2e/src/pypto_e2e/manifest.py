@@ -314,6 +314,7 @@ _OUTPUTS: Spec = {
     "report_json": ("a path string", _str),
     "report_markdown": ("a path string", _str),
     "report_html": ("a path string", _str),
+    "node_figures": ("a path string", _str),
     "plot": ("a path string", _str),
     "dir": ("a path string", _str),
     "report_sha256": ("a string", _str),

@@ -92,9 +92,11 @@ def render_remote_markdown(
     config: RunConfig,
     *,
     patch: dict[str, Any] | None = None,
+    node_figures: str | None = None,
 ) -> str:
     """``report.md`` of a node of ``--nnodes N`` that did not run rank 0: what ran here and
-    where the bench report is. No figures: this node's ranks' figures are in that report."""
+    where the bench report is. No figures: this node's ranks' figures are in that report
+    (and in ``node_figures``, the file pypto-bench kept of them here, when given)."""
     b = config.bench
     node = "This node" if b.node_rank is None else f"This node (`--node-rank {b.node_rank}`)"
     lines = ["# pypto end-to-end report (one node of a multi-node run)", ""]
@@ -112,6 +114,12 @@ def render_remote_markdown(
         "it, whatever `--node-rank` says): `report/bench.json` and `report/report.md` in that "
         "node's work dir, the path its `pypto-e2e run` printed as `PYPTO_REPORT`.",
     ]
+    if node_figures:
+        lines += [
+            "",
+            f"This node's own ranks' figures (step times, communication, memory): "
+            f"{_code(node_figures)}.",
+        ]
     return "\n".join(lines) + "\n"
 
 

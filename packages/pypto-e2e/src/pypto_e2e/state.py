@@ -203,7 +203,7 @@ class RunState:
 
     def outputs_valid(self, outputs: dict[str, Any]) -> bool:
         """A completed step's outputs are still there and (for folders) unchanged."""
-        for key in ("model_path", "report_json", "report_markdown", "report_html"):
+        for key in ("model_path", "report_json", "report_markdown", "report_html", "node_figures"):
             value = outputs.get(key)
             if value and not Path(value).exists():
                 return False

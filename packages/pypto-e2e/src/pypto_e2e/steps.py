@@ -315,6 +315,12 @@ def _remote_bench(state: RunState, config: BenchConfig) -> StepResult:
         "node_rank": config.node_rank,
         "failed_arms": [],
     }
+    from pypto_bench.multi.launch import node_figures_path
+
+    assert config.report_file is not None  # the bench step always names report/bench.json
+    kept = node_figures_path(config.report_file, config.node_rank)
+    if kept.is_file():  # this node's own ranks' figures (pypto-bench wrote them)
+        outputs["node_figures"] = str(kept)
     return outputs, (
         f"{node_label(config)}: its ranks are done; the report is written on the node that "
         "ran rank 0"
@@ -519,6 +525,7 @@ def _remote_report(state: RunState, bench: dict[str, Any]) -> StepResult:
         state.outputs.get("smoke", {}).get("result"),
         state.config,
         patch=state.patch_summary(),
+        node_figures=bench.get("node_figures"),
     )
     try:
         report_dir.mkdir(parents=True, exist_ok=True)

@@ -69,10 +69,12 @@ __all__ = [
     "config_to_json",
     "free_port",
     "launcher_main",
+    "node_figures_path",
     "report_from_dict",
     "report_from_folder",
     "run_distributed",
     "run_node",
+    "write_node_figures",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,8 +209,52 @@ def run_node(
         if not (folder / "result.json").is_file():
             # A node of a multi-node run whose ranks ran, rank 0 elsewhere.
             log.info("this node's ranks are done; the node holding rank 0 writes the report")
+            if config.report_file:
+                write_node_figures(folder, config)
             return None
         return report_from_folder(folder, config)
+
+
+def node_figures_path(report_file: str | Path, node_rank: int | None) -> Path:
+    """Where a node that did not run rank 0 keeps its own ranks' figures, beside the
+    report path it was given: ``r.json`` -> ``r.node1.json`` (``--node-rank 1``), or
+    ``r.node-<host>.json`` when no node rank was given."""
+    import socket
+
+    path = Path(report_file).expanduser()
+    tag = f"node{node_rank}" if node_rank is not None else f"node-{socket.gethostname()}"
+    return path.with_name(f"{path.stem}.{tag}{path.suffix or '.json'}")
+
+
+def write_node_figures(folder: Path, config: BenchConfig) -> Path | None:
+    """This node's ranks' own figures (each rank's step times, communication, memory),
+    written beside ``--report-file`` on a node whose rank 0 ran elsewhere: the report with
+    every rank's figures is that node's; these are what this node measured. None (logged)
+    when it cannot be written: the run itself succeeded."""
+    import socket
+
+    assert config.report_file is not None
+    ranks = []
+    for path in sorted(folder.glob("rank*.figures.json")):
+        rank = path.name[len("rank") : -len(".figures.json")]
+        if rank.isdigit():
+            ranks.append({"rank": int(rank), "arms": json.loads(path.read_text())})
+    doc = {
+        "kind": "pypto-bench node figures",
+        "nnodes": config.nnodes,
+        "node_rank": config.node_rank,
+        "host": socket.gethostname(),
+        "report": "written on the node that ran rank 0 (every rank's figures, aggregated)",
+        "ranks": sorted(ranks, key=lambda r: r["rank"]),
+    }
+    out = node_figures_path(config.report_file, config.node_rank)
+    try:
+        atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    except OSError as err:
+        log.warning("could not write this node's ranks' figures to %s: %s", out, err)
+        return None
+    log.info("this node's ranks' figures: %s", out)
+    return out
 
 
 def report_from_folder(folder: Path, config: BenchConfig) -> Report:

@@ -249,6 +249,8 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
         beat.advance("loading the sharded model")
         runs = _measure_rank(config, device, world, beat, spec)
         figures = {name: r.figures for name, r in runs.items()}
+        # Each node keeps its own ranks' figures too (multi.launch.write_node_figures).
+        atomic_write_text(folder / f"rank{rank}.figures.json", json.dumps(figures, default=str))
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(figures, gathered if rank == 0 else None, dst=0)
         if rank == 0:
