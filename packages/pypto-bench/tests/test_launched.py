@@ -459,6 +459,24 @@ def test_a_bad_multi_node_request_is_one_line_before_anything_starts(
     assert needle in lines[0], lines
 
 
+def test_a_node_whose_peers_never_join_says_so_within_the_timeout(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """One node of two started alone: no rank of it starts (the rendezvous assigns them),
+    and the line names the rendezvous that did not complete, not a hung rank 0."""
+    port = free_port()
+    start = time.monotonic()
+    node = _node(tiny, tmp_path, 0, port, "--regime", "prefill", "--rank-timeout", "8")
+    ((code, _out, err),) = _finish([node], timeout=120)
+    assert code == EXIT.RANK_FAILED, err[-1500:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]
+    assert len(lines) == 1, err[-1500:]
+    assert f"the rendezvous at 127.0.0.1:{port} did not complete" in lines[0]
+    assert "never joined" in lines[0]
+    assert time.monotonic() - start < 90
+    assert list((tmp_path / "node0").iterdir()) == []
+
+
 def test_ranks_started_with_different_world_sizes_fail_in_one_line_each(tiny: Path) -> None:
     port = free_port()
     args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",

@@ -310,7 +310,12 @@ def _launch_and_wait(spec_path: Path, folder: Path, config: BenchConfig) -> None
         )
         # The launcher leads the process group of every rank: its pid names that group.
         atomic_write_text(folder / "launcher.pid", str(proc.pid))
-        watch = _Watchdog(folder, config.nproc, config.rank_timeout)
+        watch = _Watchdog(
+            folder,
+            config.nproc,
+            config.rank_timeout,
+            config.rdzv_endpoint if config.nnodes > 1 else None,
+        )
         try:
             while proc.poll() is None:
                 time.sleep(_POLL_S)
@@ -344,10 +349,14 @@ class _Watchdog:
     waiting for another (rank 0's baseline) does not look alive by writing.
     """
 
-    def __init__(self, folder: Path, nproc: int, timeout: float) -> None:
+    def __init__(
+        self, folder: Path, nproc: int, timeout: float, rendezvous: str | None = None
+    ) -> None:
         self.folder = folder
         self.nproc = nproc
         self.timeout = timeout
+        # One node of --nnodes N: where the nodes meet (no rank here starts until they do).
+        self.rendezvous = rendezvous
         self.last_change = time.monotonic()
         self.steps: dict[int, Any] = {}
         self.cpu: dict[int, float] = {}
@@ -390,6 +399,15 @@ class _Watchdog:
         stopped = [r for r, st in states.items() if proc_state(st.get("pid")) == "T"]
         steps = {r: int(st.get("step", 0)) for r, st in states.items()}
         behind = [r for r, s in steps.items() if s == min(steps.values())] if steps else []
+        if not states and self.rendezvous is not None:
+            # Across nodes the rendezvous assigns the ranks: none here means it never
+            # completed, and the node to look at is one that did not join.
+            return (
+                f"no rank of this node started within {self.timeout:g} s: the rendezvous at "
+                f"{self.rendezvous} did not complete (a node that never joined, or one started "
+                "with another --nnodes, --rdzv-id or --rdzv-endpoint); start every node with "
+                "the same flags, each its own --node-rank"
+            )
         if missing:
             culprits, why = missing, "it never started"
         elif stopped:
