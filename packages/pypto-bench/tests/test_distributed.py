@@ -168,6 +168,7 @@ def test_per_layer_head_counts_are_checked_per_layer(tmp_path):
         ({"nproc": 0}, "--nproc must be"),
         ({"rank_timeout": 0}, "--rank-timeout"),
         ({"batch": 1, "batches": (1, 2)}, "not a sweep"),
+        ({"target_ci": 5.0}, "drop --target-ci and pass --iters N"),
     ],
 )
 def test_bad_requests_are_usage_errors(tiny_llama, kw, words):

@@ -106,3 +106,19 @@ def test_graph_arm_captures_nccl_collectives_on_two_gpus(tiny_llama, tmp_path):
     graph = report.distributed["arms"]["graph"]
     assert graph["capture"]["backend"].startswith("cudagraph")
     assert graph["agreement"]["token_match"]["rate"] == 1.0
+
+
+def test_the_ranks_interleave_their_arms(decode_run):
+    """Every rank runs the arms' timed iterations in the same balanced rounds (each one
+    collective step): the report's schedule is rank 0's, and each rank has a sample of
+    every arm per round, so the paired ratio to eager compares adjacent collective steps."""
+    report, _ = decode_run
+    sched = report.schedule
+    assert sched["kind"] == sched["requested"] == "interleaved"
+    assert sched["order"] == [["eager", 0], ["graph", 0], ["graph", 1], ["eager", 1]]
+    for rank in report.distributed["ranks"]:
+        assert len(rank["samples_s"]) == 2
+        assert len(rank["arms"]["graph"]["samples_s"]) == 2
+    ratio = next(a for a in report.arms if a.name == "graph").ratio_vs_eager
+    assert ratio["rounds"] == 2
+    assert ratio["low"] <= ratio["median"] <= ratio["high"]

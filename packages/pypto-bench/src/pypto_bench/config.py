@@ -450,6 +450,13 @@ def validate_placement(config: BenchConfig) -> None:
         )
     if len(config.batches) > 1:
         raise BadInputError(f"--nproc {n} takes one --batch, not a sweep: pass a single size")
+    if config.target_ci is not None:
+        # Each rank would decide from its own samples when to stop adding rounds, and
+        # ranks that decide differently wait for each other's collectives forever.
+        raise BadInputError(
+            f"--target-ci runs one process's rounds; --nproc {n} runs a fixed number: "
+            "drop --target-ci and pass --iters N"
+        )
     if config.rank_profiles is not None and config.placement != Placement.TENSOR:
         raise BadInputError(
             "per-rank profiles are of tensor-parallel ranks; --placement pipeline runs one "

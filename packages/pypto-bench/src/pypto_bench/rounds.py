@@ -199,10 +199,16 @@ def run_interleaved(
     ctx: Context,
     arms: list[ArmResult],
     on_failure: Callable[[ArmResult, BaseException], None],
+    *,
+    after: Callable[[ArmResult, Callable[[], Any]], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build every arm of ``arms`` (one ``ArmResult`` per requested arm, in order), then run
     warmup and timed rounds in balanced order; ``--target-ci`` adds rounds (two at a time,
     so the order stays balanced) until every paired ratio is tight enough or a bound is hit.
+
+    ``after(arm, run)``: called for every ok arm once the rounds are done, its iteration
+    still built and the model in its state (what a caller measures beside the timed
+    rounds: the multi-rank protocol's outputs and communication profile).
 
     Returns (tokens per ok arm, the report's ``schedule``). A failing arm goes to
     ``on_failure`` and leaves the rounds; the others go on. Raises :class:`Fallback`
@@ -260,6 +266,8 @@ def run_interleaved(
             _guarded(live, name, lambda b: _fill(ctx, b), on_failure)
             if name in live:
                 live[name].arm.memory = live[name].mem.result()
+                if after is not None:
+                    after(live[name].arm, live[name].run)
         tokens = {name: b.tokens for name, b in live.items()}
     schedule: dict[str, Any] = {
         "kind": Schedule.INTERLEAVED.value,

@@ -66,6 +66,8 @@ def build_report(
     )
     first = config.arms[0]
     report.model = runs[first].model_info
+    # The order every rank ran its arms' timed iterations in (multi.arms.measure_arms).
+    report.schedule = spec.get("schedule")
     per_arm: dict[str, dict[str, Any]] = {}
     for name in config.arms:
         ranks = [g[name] for g in gathered]

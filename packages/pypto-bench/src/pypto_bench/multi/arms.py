@@ -7,7 +7,7 @@ The one module of :mod:`pypto_bench.multi` that calls the single-process protoco
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "graph_backend_for",
     "make_ctx",
     "measure_arm",
+    "measure_arms",
     "measure_baseline",
 ]
 
@@ -103,6 +104,80 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = 
     return Measured(arm, tokens, out.detach().float().cpu(), _rank_figures(arm, comm))
 
 
+def measure_arms(
+    ctx: Any, names: Sequence[str], *, with_comm: bool, keep_in: Path | None = None
+) -> tuple[dict[str, Measured], dict[str, Any]]:
+    """Every arm of ``names`` on this process's model, in the schedule the config asks for:
+    interleaved rounds by default (:func:`pypto_bench.rounds.run_interleaved`; each round
+    one collective step per arm, the order the same on every rank), one arm after the other
+    with ``--schedule sequential`` or where interleaving is unsafe (the schedule says why).
+    A failing arm raises (on a rank: the run fails, as one arm after the other does).
+
+    Returns (the arms' measurements, the report's ``schedule``)."""
+    from ..config import Schedule
+    from ..report import ArmResult
+    from ..rounds import Fallback, run_interleaved
+
+    cfg = ctx.config
+    why = None
+    if cfg.schedule == Schedule.INTERLEAVED and len(names) > 1:
+        done: dict[str, Measured] = {}
+
+        def failed(arm: ArmResult, err: BaseException) -> None:
+            raise err
+
+        def after(arm: ArmResult, run: Callable[[], Any]) -> None:
+            done[arm.name] = _after_rounds(ctx, arm, run, with_comm, keep_in)
+
+        try:
+            _, schedule = run_interleaved(
+                ctx, [ArmResult(name=n) for n in names], failed, after=after
+            )
+            return {n: done[n] for n in names}, schedule
+        except Fallback as err:
+            why = f"not interleaved: {err}"
+    runs = {
+        n: measure_arm(ctx, n, with_comm=with_comm, keep_in=keep_in / n if keep_in else None)
+        for n in names
+    }
+    order = [[n, i] for n in names for i in range(len(runs[n].figures["samples_s"]))]
+    schedule = {
+        "kind": Schedule.SEQUENTIAL.value,
+        "requested": cfg.schedule,
+        "rounds": cfg.iters,
+        "order": order,
+        **({"why": why} if why else {}),
+    }
+    return runs, schedule
+
+
+def _after_rounds(
+    ctx: Any, arm: Any, run: Callable[[], Any], with_comm: bool, keep_in: Path | None
+) -> Measured:
+    """An interleaved arm's outputs (one more iteration, outside the timed rounds) and
+    the communication of one more, profiled (as :func:`measure_arm` measures them)."""
+    from ..config import Regime
+
+    if ctx.config.regime == Regime.PREFILL:
+        out = run()  # the logits
+        out = out.full_tensor() if hasattr(out, "full_tensor") else out
+        tokens = out.argmax(-1)
+        output = out.detach().float().cpu()
+    else:
+        tokens = run()[0]
+        output = tokens.detach().cpu()
+    comm: dict[str, Any] | None = None
+    if with_comm:
+        if arm.name == "graph" and ctx.device.type == "cpu":
+            comm = {
+                "seconds": None, "step_seconds": None, "share": None, "method": None,
+                "unmeasured": GRAPH_COMM_UNMEASURED_CPU,
+            }  # fmt: skip
+        else:
+            comm = communication(run, ctx.device, keep_in=keep_in / arm.name if keep_in else None)
+    return Measured(arm, tokens, output, _rank_figures(arm, comm))
+
+
 def _rank_figures(arm: Any, comm: dict[str, Any] | None) -> dict[str, Any]:
     """What a rank reports for one arm: its timed samples, memory and communication."""
     seconds = list(arm.seconds.get("samples") or [])
@@ -131,7 +206,7 @@ def measure_baseline(config: BenchConfig, device: Any, beat: Beat) -> dict[str, 
     ctx = make_ctx(config, loaded.model, loaded.tokenizer, device, tick)
     if "graph" in config.arms:  # the backend the ranks use: the same capture on both sides
         ctx.graph_backend = graph_backend_for(config, device)
-    run = {name: measure_arm(ctx, name, with_comm=False) for name in config.arms}
+    run, _ = measure_arms(ctx, config.arms, with_comm=False)
     del ctx, loaded
     release_memory(device)
     return run

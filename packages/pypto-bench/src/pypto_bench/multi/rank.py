@@ -27,7 +27,7 @@ from pypto_common import atomic_write_text, redact
 
 from ..errors import EnvironmentMissingError, RankFailedError
 from .aggregate import build_report
-from .arms import Measured, graph_backend_for, make_ctx, measure_arm, measure_baseline
+from .arms import Measured, graph_backend_for, make_ctx, measure_arms, measure_baseline
 from .fit import baseline_skip_reason, out_of_memory, release_memory
 from .lifecycle import EXIT_ORPHANED, group_load_sampler, set_parent_death_signal, watch_parent
 from .tensor import load_sharded
@@ -380,10 +380,9 @@ def _measure_rank(
         ctx.graph_backend = graph_backend_for(config, device)
     dist.barrier()
     kept = Path(config.rank_profiles) if config.rank_profiles else None
-    runs = {
-        name: measure_arm(ctx, name, with_comm=True, keep_in=kept / name if kept else None)
-        for name in config.arms
-    }
+    # Interleaved rounds by default (the same order on every rank: each round one
+    # collective step per arm); rank 0's report says which schedule ran.
+    runs, spec["schedule"] = measure_arms(ctx, config.arms, with_comm=True, keep_in=kept)
     run = runs[config.arms[0]]
     for r in runs.values():
         r.ctx = ctx
