@@ -141,10 +141,10 @@ def test_an_arm_that_patches_the_model_still_interleaves(exact_report):
     assert [a["ok"] for a in exact_report["arms"]] == [True, True]
 
 
-def test_the_kernel_runs_only_in_its_own_rounds(moe_folder):
-    """pypto+graph's grouped-GEMM plug-in between eager's and graph's rounds: tokens equal
-    eager's, and the plug-in counts exactly the calls of its own arm (the same count as
-    one arm after the other), so neither eager nor graph ran the patched experts."""
+def test_a_kernel_plugin_arm_runs_one_arm_after_the_other(moe_folder):
+    """pypto+graph's grouped-GEMM plug-in turns its package's switches on process-wide:
+    the run falls back to the sequential schedule and says why; tokens equal eager's and
+    the plug-in counts the same calls as a run asked to be sequential."""
     import torch
 
     calls = {}
@@ -154,12 +154,15 @@ def test_the_kernel_runs_only_in_its_own_rounds(moe_folder):
             _config(moe_folder, arms=("eager", "graph", "pypto+graph"), iters=2, gen=3,
                     schedule=schedule)
         )  # fmt: skip
-        assert report.schedule["kind"] == schedule
+        assert report.schedule["kind"] == "sequential"
+        assert report.schedule["requested"] == schedule
         for arm in report.arms:
             assert arm.ok, arm.error
             if arm.name != "eager":
                 assert arm.token_match["rate"] == 1.0
         fused = report.arm("pypto+graph").details["plugin_reports"]["moe"]["calls"]
         calls[schedule] = fused["grouped_gemm"]
+        if schedule == "interleaved":
+            assert "switches kernel plug-ins on (moe), process-wide" in report.schedule["why"]
     assert calls["interleaved"] == calls["sequential"]
     assert calls["interleaved"]["pypto"] > 0

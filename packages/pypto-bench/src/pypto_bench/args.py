@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 # BenchConfig fields that are not user flags: the recorded command line is set by the
-# program that runs the bench (already redacted there), never typed by the user.
-NOT_FLAGS = frozenset({"command_line", "batches"})
+# program that runs the bench (already redacted there), never typed by the user; the
+# per-rank profile folder is set by pypto-tune profile --nproc from its --out.
+NOT_FLAGS = frozenset({"command_line", "batches", "rank_profiles"})
 #: ``--batch 1,8,32`` sets both ``batch`` (the first) and ``batches`` (the sweep).
 _BATCH_LIST = re.compile(r"[+-]?[0-9]+")
 

@@ -126,13 +126,17 @@ def _fix(path: Path) -> str:
     return f"pass --history/--db a pypto-bench history file or a new path (not {path})"
 
 
-def check_db_path(path: str | os.PathLike[str], *, create: bool) -> Path:
+def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = True) -> Path:
     """Refuse what is not a usable history file at ``path``; return it (not resolved).
 
     ``create``: a missing file is fine (a writer creates it); otherwise it must exist.
     Refused: a symlink, anything but a regular file, a non-empty file without SQLite's
     header, a database without this tool's ``meta`` / another schema version / missing
     tables or columns, a row over :data:`MAX_ROW_BYTES`. Nothing is written.
+
+    ``tables=False`` (the writer, :func:`record`): the file's kind is checked but not its
+    tables, which the writer validates inside its own transaction: read from outside, a
+    database another writer is creating right now has no tables yet.
     """
     p = Path(path).expanduser()
     try:
@@ -170,6 +174,8 @@ def check_db_path(path: str | os.PathLike[str], *, create: bool) -> Path:
         raise HistoryError(f"history {p} cannot be read ({err.strerror}): {_fix(p)}") from None
     if head != _SQLITE_MAGIC:
         raise HistoryError(f"history {p} is not an SQLite database: {_fix(p)}")
+    if not tables:
+        return p
     # No "-wal" beside it: nothing uncommitted to see, so read it as immutable (no lock,
     # no "-wal"/"-shm" created beside a file that may not even be ours).
     quiet = not Path(f"{p}-wal").exists()
@@ -260,7 +266,7 @@ def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int
         raise HistoryError(
             f"report of {len(text)} bytes is larger than a history row may be ({MAX_ROW_BYTES})"
         )
-    p = check_db_path(path, create=True)
+    p = check_db_path(path, create=True, tables=False)
     fp = fingerprint(data)
     model = data.get("model") or {}
     env = data.get("environment") or {}
@@ -271,9 +277,14 @@ def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int
     recorded_at = _now()
     try:
         with closing(_connect(p, readonly=False)) as con:
-            con.execute("PRAGMA journal_mode=WAL")
+            # The write lock first (a second writer waits here while the first creates or
+            # appends); the file's tables are validated inside the transaction, so a file
+            # that is not this tool's history is rolled back, left exactly as it was.
             con.execute("BEGIN IMMEDIATE")
             try:
+                fresh = con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+                if not fresh:  # an existing file: this tool's history, or refused as is
+                    _validate(con, p)
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         con.execute(statement)
@@ -336,6 +347,10 @@ def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+            try:  # readers then never wait for a writer (once per file; kept after)
+                con.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as err:  # busy: the next writer sets it
+                log.debug("history %s stays in rollback-journal mode for now: %s", p, err)
     except sqlite3.DatabaseError as err:
         raise HistoryError(f"history {p} could not be written ({err}): {_fix(p)}") from None
     log.info("recorded run %d in history %s", run_id, p)

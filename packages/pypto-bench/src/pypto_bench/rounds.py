@@ -12,14 +12,15 @@ that ran next to each other, and drift slower than a round cancels.
 Where it cannot interleave, the run falls back to the sequential schedule and the
 report's ``schedule.why`` says why:
 
-* an arm whose open context patches the shared model outside its modules (the NPU
-  capture mitigations: eager attention, prebuilt masks) cannot stay open while another
-  arm runs the model: eager would run the patched model.
+* an arm whose open context changes state outside the model's modules (pypto+graph's
+  kernel plug-ins: their switches are process-wide; the NPU capture mitigations: eager
+  attention, prebuilt masks) cannot stay open while another arm runs: eager would run
+  the patched model, and a graph compiled without the switch fails its guards with it.
 
-An arm that patches the model's modules (the graph arms' exact MoE routing, pypto+graph's
-kernel plug-ins) does interleave: each arm builds on the model as loaded, and before each
-of its iterations the model is put in that arm's state (:mod:`pypto_bench.model_state`:
-the same module attributes, not copies), outside the timed span.
+An arm that patches only the model's modules (the graph arms' exact MoE routing) does
+interleave: each arm builds on the model as loaded, and before each of its iterations the
+model is put in that arm's state (:mod:`pypto_bench.model_state`: the same module
+attributes, not copies), outside the timed span.
 
 In the diffusion regime a round's sample is one whole generation per arm (the graph arms'
 capture on their first call, outside the rounds, as in the sequential protocol).
@@ -97,8 +98,18 @@ def balanced_order(arms: Sequence[str], rounds: int, *, start: int = 0) -> list[
 
 
 def model_patch(arm: ArmResult) -> str | None:
-    """What ``arm``'s open context changed on the shared model outside its modules, which
-    a module state cannot put back (None: nothing, or only module attributes)."""
+    """What ``arm``'s open context changed outside the model's modules, which a module
+    state cannot put back (None: nothing, or only module attributes).
+
+    Kernel plug-ins count: besides the modules they swap, they turn their packages'
+    switches on (process-wide), so another arm's rounds would run the kernels, and a
+    graph compiled with the switches off fails its guards when replayed with them on
+    (measured: the attention, GutenOCR and Gemma-4 MoE plug-ins recompiled on replay)."""
+    if arm.details.get("plugins"):
+        return (
+            f"{arm.name} switches kernel plug-ins on ({', '.join(arm.details['plugins'])}), "
+            "process-wide: the other arms cannot run between its rounds"
+        )
     applied = (arm.details.get("mitigations") or {}).get("applied")
     if applied:
         return f"{arm.name} patches the model for capture ({', '.join(map(str, applied))})"
