@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 #: The summary's schema tag (``ranks.json``).
 RANKS_SCHEMA = "pypto-tune.ranks/1"
-#: A kept profile is named, never read back in full: its name is checked, and its size.
+#: A kept profile is linked by name, never read back: the name is checked (length, no path).
 _MAX_NAME = 255
 
 
