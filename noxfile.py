@@ -306,6 +306,7 @@ def transformers_range(session: nox.Session, transformers: str) -> None:
         "pypto-models-gemma4",
         "pypto-models-minimax",
         "pypto-models-llada2",
+        "pypto-kernels-linear-attention",
     )
     wanted = []
     for n in at_the_ends:

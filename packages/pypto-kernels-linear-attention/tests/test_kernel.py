@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 from _la_inputs import gdn_inputs, kda_inputs
+
 from pypto_kernels_linear_attention import (
     PACKAGE,
     gated_delta_step,

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+
 from pypto_kernels_linear_attention import PACKAGE, PLUGIN, fitting_layers
 
 pytest.importorskip("transformers")

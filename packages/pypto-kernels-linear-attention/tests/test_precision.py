@@ -5,11 +5,11 @@ roundings transformers makes, about two bf16 ulps of the output)."""
 from __future__ import annotations
 
 import pytest
-from pypto_kernels_linear_attention import PACKAGE
-from pypto_kernels_linear_attention import precision as suite
 
 from pypto_kernels_common import precision
 from pypto_kernels_common.precision import make_inputs
+from pypto_kernels_linear_attention import PACKAGE
+from pypto_kernels_linear_attention import precision as suite
 
 
 def test_cases_follow_the_one_schema_at_the_published_shapes():

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
 from _la_inputs import gdn_inputs, kda_inputs
+
 from pypto_kernels_linear_attention import gated_delta_step_reference, kda_step_reference
 
 pytest.importorskip("transformers")
@@ -23,9 +26,11 @@ def test_gated_delta_reference_is_transformers_recurrent_step_and_gated_norm(dty
     norm.weight.data.copy_(x["norm_weight"])
     beta = x["b"].sigmoid()
     g = -x["A_log"].float().exp() * F.softplus(x["a"].float() + x["dt_bias"])
+    # key heads repeated over their value heads as the layer does (5.8 repeats in the
+    # layer's forward, later versions inside this function; equal heads suit both)
     core, new_state = m.torch_recurrent_gated_delta_rule(
-        x["q"].unsqueeze(1),
-        x["k"].unsqueeze(1),
+        x["q"].repeat_interleave(2, dim=1).unsqueeze(1),
+        x["k"].repeat_interleave(2, dim=1).unsqueeze(1),
         x["v"].unsqueeze(1),
         g=g.unsqueeze(1),
         beta=beta.unsqueeze(1),
@@ -34,13 +39,23 @@ def test_gated_delta_reference_is_transformers_recurrent_step_and_gated_norm(dty
         use_qk_l2norm_in_kernel=True,
     )
     want = norm(core.reshape(-1, 16), x["z"].reshape(-1, 16)).reshape(2, 4, 16)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(x["state"], new_state, rtol=1e-6, atol=1e-6)
+    # The reference follows transformers >= the release that l2-normalises q and k after
+    # their fp32 cast (5.24 here); older ones (5.8) normalise in the io dtype, so in bf16
+    # they differ by bf16 rounding, by their design, not ours.
+    src = inspect.getsource(m.torch_recurrent_gated_delta_rule)
+    fp32_first = src.index("torch.float32") < src.index("l2norm(")
+    tol = 1e-6 if dtype == torch.float32 or fp32_first else 0.03
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    torch.testing.assert_close(x["state"], new_state, rtol=tol, atol=tol)
     assert not x["state"].equal(state)  # updated in place
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kda_reference_is_transformers_forget_gate_recurrent_step_and_gated_norm(dtype):
+    from pypto_testing.architectures import available
+
+    if available("kimi_linear") is not None:
+        pytest.skip(available("kimi_linear"))
     from transformers import KimiLinearConfig
     from transformers.models.kimi_linear import modeling_kimi_linear as m
 

@@ -51,19 +51,27 @@ def _has(module: Any, names: tuple[str, ...]) -> bool:
     return all(hasattr(module, n) for n in names)
 
 
-def _gated_norm(norm: Any, activation: str) -> bool:
+def _gated_norm(norm: Any, activations: tuple[str, ...], default: str | None) -> bool:
+    """A gated RMSNorm whose gate activation is one of ``activations``. transformers
+    5.8's Qwen3-Next / Qwen3.5 norms have no ``activation`` attribute (SiLU is written in
+    their forward): ``default`` stands for it."""
     weight = getattr(norm, "weight", None)
+    activation = getattr(norm, "activation", default)
     return (
         isinstance(weight, torch.Tensor)
-        and getattr(norm, "activation", None) == activation
+        and type(norm).__name__.endswith("RMSNormGated")
+        and activation in activations
         and isinstance(getattr(norm, "variance_epsilon", None), float)
     )
 
 
 def _functions(module: torch.nn.Module) -> dict[str, Callable[..., Any]] | None:
-    """The layer's modeling module's conv update and padding mask, or None."""
+    """The layer's own conv update (an instance attribute in transformers 5.8, a function
+    of its modeling module later) and its modeling module's padding mask, or None."""
     mod = sys.modules.get(type(module).__module__)
-    conv = getattr(mod, "causal_conv1d_update", None)
+    conv = getattr(module, "causal_conv1d_update", None)
+    if not callable(conv):
+        conv = getattr(mod, "causal_conv1d_update", None)
     if not callable(conv):
         return None
     return {"conv": conv, "mask": getattr(mod, "apply_mask_to_padding_states", None)}
@@ -76,14 +84,14 @@ def layer_kind(module: torch.nn.Module) -> str | None:
         or _functions(module) is None
     ):
         return None
-    if _has(module, _GDN) and _gated_norm(module.norm, "silu"):
+    if _has(module, _GDN) and _gated_norm(module.norm, ("silu", "swish"), "silu"):
         if _has(module, ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering")):
             return "qkvz"
         if _has(module, ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")):
             return "qkv"
         return None
     if _has(module, (*_KDA, "o_proj", "head_dim", "num_heads")) and _gated_norm(
-        module.o_norm, "sigmoid"
+        module.o_norm, ("sigmoid",), None
     ):
         gate = module.forget_gate
         if _has(gate, ("f_a_proj", "f_b_proj", "dt_bias", "A_log")):
@@ -103,17 +111,29 @@ def fitting_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, s
 
 def _decode_states(module: Any, hidden_states: torch.Tensor, cache: Any) -> tuple[Any, Any] | None:
     """(conv_state, recurrent_state) when this call is transformers' one-token decode
-    branch of the layer, else None (the layer's own forward runs)."""
+    branch of the layer, else None (the layer's own forward runs).
+
+    Two cache APIs: ``get_conv_state`` / ``get_recurrent_state`` (and
+    ``is_recording_past``) in recent 5.x; ``has_previous_state(layer_idx)`` and the
+    layer's ``conv_states`` / ``recurrent_states`` tensors in 5.8.
+    """
     if cache is None or hidden_states.dim() != 3 or hidden_states.shape[1] != 1:
         return None
-    if not (hasattr(cache, "get_conv_state") and hasattr(cache, "get_recurrent_state")):
-        return None
-    recording = getattr(cache, "is_recording_past", None)
-    if callable(recording) and recording(module.layer_idx):
-        return None
-    conv = cache.get_conv_state(module.layer_idx, state_idx=0)
-    rec = cache.get_recurrent_state(module.layer_idx, state_idx=0)
-    if conv is None or rec is None:
+    idx = module.layer_idx
+    if hasattr(cache, "get_conv_state") and hasattr(cache, "get_recurrent_state"):
+        recording = getattr(cache, "is_recording_past", None)
+        if callable(recording) and recording(idx):
+            return None
+        conv = cache.get_conv_state(idx, state_idx=0)
+        rec = cache.get_recurrent_state(idx, state_idx=0)
+    else:
+        has_previous = getattr(cache, "has_previous_state", None)
+        layers = getattr(cache, "layers", None)
+        if not callable(has_previous) or layers is None or not has_previous(idx):
+            return None
+        conv = getattr(layers[idx], "conv_states", None)
+        rec = getattr(layers[idx], "recurrent_states", None)
+    if not (isinstance(conv, torch.Tensor) and isinstance(rec, torch.Tensor)):
         return None
     return conv, rec
 
