@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import types
 
 import pytest
 
@@ -404,3 +405,18 @@ def test_a_models_own_exception_in_the_graph_arm_is_named_not_called_a_host_sync
     err = capsys.readouterr().err
     assert "graph: CaptureFailedError [KeyError: 'full_attention']" in err  # the arm's line
     assert "arm(s) failed: graph (KeyError: 'full_attention')" in err  # the last line
+
+
+def test_no_plugin_message_names_the_family_kernel_package():
+    """A hybrid whose layers no installed plug-in can run is pointed at the one package
+    that holds the Gated DeltaNet / KDA step kernels, not at a made-up name."""
+    import torch
+
+    from pypto_bench.errors import PluginError
+    from pypto_bench.plugins import applicable_plugins
+
+    class Bare(torch.nn.Module):
+        config = types.SimpleNamespace(model_type="qwen3_5_text")
+
+    with pytest.raises(PluginError, match=r"\(install pypto-kernels-linear-attention\)"):
+        applicable_plugins(Bare())

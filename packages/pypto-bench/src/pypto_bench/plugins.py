@@ -72,6 +72,11 @@ def discover_plugins() -> list[Any]:
 KERNEL_PACKAGE_FOR = {
     "gemma4": "pypto-kernels-attention",
     "gemma4_text": "pypto-kernels-attention",
+    # Gated DeltaNet and KDA hybrids: their decode-step kernels live in one package.
+    **dict.fromkeys(
+        ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "kimi_linear"),
+        "pypto-kernels-linear-attention",
+    ),
 }
 
 
