@@ -82,6 +82,8 @@ def test_pypto_refuses_a_loop_that_reads_and_assembles_one_parameter(pypto_cpu):
             "head dims 12 x 16 outside envelope",
         ),
         ({"A_log": torch.zeros(5)}, "A_log has 5 values, not 4"),
+        ({"q": torch.zeros(1, 0, 16), "k": torch.zeros(1, 0, 16)}, "empty heads"),
+        ({"norm_weight": torch.ones(16, dtype=torch.int64)}, "norm_weight dtype torch.int64"),
         ({"a": torch.zeros(1, 4, dtype=torch.float16)}, "mixed dtypes"),
         ({"q": torch.zeros(1, 2, 16, dtype=torch.int32)}, "mixed dtypes|dtype torch.int32"),
     ],

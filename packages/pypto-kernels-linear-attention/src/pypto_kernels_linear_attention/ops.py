@@ -54,6 +54,8 @@ def _dims_rule(*tensors: torch.Tensor) -> str | None:
         return f"q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)} must be [B, Hk, Dk] / [B, Hk, Dk] / [B, Hv, Dv]"
     bsz, hk, dk = q.shape
     hv, dv = v.shape[1:]
+    if min(hk, hv, dk, dv) < 1:
+        return f"empty heads: q {tuple(q.shape)}, v {tuple(v.shape)}"
     if hv % hk or hv // hk > MAX_GROUP:
         return f"{hv} value heads over {hk} key heads outside envelope (a multiple, at most {MAX_GROUP} per key head)"
     if dk % 8 or dv % 8 or dk > MAX_HEAD_DIM or dv > MAX_HEAD_DIM:

@@ -72,6 +72,8 @@ def gated_delta_step_reference(
     ``dt_bias`` [Hv]; ``norm_weight`` [Dv]; ``state`` [B, Hv, Dk, Dv] fp32, updated in place.
     """
     io = q.dtype
+    if k.shape[1] < 1 or v.shape[1] % k.shape[1]:
+        raise ValueError(f"{v.shape[1]} value heads cannot share {k.shape[1]} key heads evenly")
     rep = v.shape[1] // k.shape[1]
     beta = b.sigmoid()
     g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
