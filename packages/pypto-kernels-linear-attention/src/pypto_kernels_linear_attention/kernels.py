@@ -39,8 +39,8 @@ from pypto_kernels_common import Backend, Tiles
 from .package import PACKAGE
 
 __all__ = [
+    "GATED_DELTA_TILES",
     "STEP_TILES",
-    "STEP_TILES_FP32",
     "backend",
     "gated_delta_step_kernel",
     "kda_step_kernel",
@@ -49,12 +49,14 @@ __all__ = [
 ]
 
 #: The state tile: ``vec_rows`` x ``vec_cols`` of the ``[Dk, Dv]`` fp32 head state
-#: (clipped to the head). With a 16-bit io dtype a whole 128 x 128 head (64 KB) is one
-#: tile.
+#: (clipped to the head). KDA's default: a whole 128 x 128 head (64 KB) as one tile,
+#: 17.2 us at Kimi-Linear-48B-A3B in the cost model (half-head tiles: 125.7 / 147.2 us).
 STEP_TILES = Tiles(rows=1, vec_rows=128, vec_cols=128)
-#: fp32 io: the whole-head tile fails in the simulator at head dims 128 (an out-of-bounds
-#: index in its machine model, F7A001); half-head tiles run.
-STEP_TILES_FP32 = Tiles(rows=1, vec_rows=64, vec_cols=128)
+#: Gated DeltaNet's default: half-width tiles. At Qwen3.5-9B / Qwen3.6-27B (bf16) the
+#: cost model gives 44.2 / 46.5 us at 128 x 64, 51.0 / 54.6 at 64 x 64, and the whole
+#: head fails to simulate at 9B (F7A001 in the machine model) and takes 69.7 us at 27B
+#: (tools/bench_linear_attention_costmodel.py; docs/benchmarks.md).
+GATED_DELTA_TILES = Tiles(rows=1, vec_rows=128, vec_cols=64)
 QK_EPS = 1e-6
 
 
@@ -63,9 +65,10 @@ def backend(device_type: str) -> Backend:
     return PACKAGE.backend(device_type)
 
 
-def step_tiles(dtype: torch.dtype) -> Tiles:
-    """Default tiles for an io dtype."""
-    return STEP_TILES_FP32 if dtype == torch.float32 else STEP_TILES
+def step_tiles(op: str) -> Tiles:
+    """The default tiles of a step op (``gated_delta_step`` or ``kda_step``), every io
+    dtype (the state is fp32 whatever the io dtype)."""
+    return GATED_DELTA_TILES if op == "gated_delta_step" else STEP_TILES
 
 
 def state_tiles(dk: int, dv: int, tiles: Tiles = STEP_TILES) -> tuple[int, int]:
@@ -88,11 +91,18 @@ def _sigmoid(pypto: ModuleType, x: Any) -> Any:
     )
 
 
+def _row(pypto: ModuleType, x: Any, n: int) -> Any:
+    """``[1, 1] -> [1, n]`` (PyPTO broadcasts one axis per operand, so a per-head scalar
+    meets the ``[Dk, Dv]`` state as a row)."""
+    return pypto.expand_clone(x, [1, n])
+
+
 def _delta_rule(
     pypto: ModuleType, s: Any, decay: Any, kc: Any, qc: Any, vf: Any, beta: Any
 ) -> tuple[Any, Any]:
-    """New state and read-out of one head: ``decay`` is [1, 1] (per head) or [Dk, 1]
-    (per key channel); ``kc``/``qc`` the normalised k and q as [Dk, 1] columns."""
+    """New state and read-out of one head: ``decay`` is [1, Dv] (per head, a row of one
+    value) or [Dk, 1] (per key channel); ``beta`` [1, 1] or [1, Dv]; ``kc``/``qc`` the
+    normalised k and q as [Dk, 1] columns."""
     s = s * decay
     kv_mem = pypto.sum(s * kc, 0, True)
     delta = (vf - kv_mem) * beta
@@ -111,7 +121,7 @@ def gated_delta_step_kernel(
     dtype: torch.dtype,
     eps: float,
     round_weight: bool,
-    tiles: Tiles = STEP_TILES,
+    tiles: Tiles = GATED_DELTA_TILES,
 ) -> Any:
     """out, new_state = Gated DeltaNet step (see :func:`.reference.gated_delta_step_reference`).
 
@@ -155,17 +165,16 @@ def gated_delta_step_kernel(
                 for r in range(rep):
                     h = kh * rep + r
                     i = bi * v_heads + h
-                    pypto.set_vec_tile_shapes(1, 1)
-                    x = pypto.cast(pypto.view(a, [1, 1], [i, 0]), fp32) + pypto.view(
-                        dt_bias, [1, 1], [h, 0]
-                    )
+                    # The head's gate and beta computed along a [1, Dv] row (every element
+                    # the same value): under a (1, 1) tile each scalar op is a task of its
+                    # own and the step took 52.2 us at Qwen3.5-9B, 44.2 us this way.
+                    pypto.set_vec_tile_shapes(1, dv)
+                    x = _row(pypto, pypto.cast(pypto.view(a, [1, 1], [i, 0]), fp32), dv)
+                    x = x + _row(pypto, pypto.view(dt_bias, [1, 1], [h, 0]), dv)
                     sp = pypto.where(pypto.gt(x, 20.0), x, pypto.log1p(pypto.exp(x)))
-                    decay = pypto.exp(pypto.view(neg_a, [1, 1], [h, 0]) * sp)
-                    # [1, 1] -> [1, Dv]: PyPTO broadcasts one axis per operand.
-                    decay = pypto.expand_clone(decay, [1, dv])
-                    beta = _round(
-                        pypto, _sigmoid(pypto, pypto.cast(pypto.view(b, [1, 1], [i, 0]), fp32)), dt
-                    )
+                    decay = pypto.exp(_row(pypto, pypto.view(neg_a, [1, 1], [h, 0]), dv) * sp)
+                    bf = _row(pypto, pypto.cast(pypto.view(b, [1, 1], [i, 0]), fp32), dv)
+                    beta = _round(pypto, _sigmoid(pypto, bf), dt)
                     pypto.set_vec_tile_shapes(1, dv)
                     vf = pypto.cast(pypto.view(v, [1, dv], [i, 0]), fp32)
                     pypto.set_vec_tile_shapes(srows, scols)

@@ -135,7 +135,16 @@ def _gated_delta_eager(
         io = q.dtype
         round_weight = io != torch.float32 and torch.promote_types(norm_weight.dtype, io) == io
         fn = kernels.gated_delta_step_kernel(
-            bk, bsz, hk, hv, dk, dv, io, float(eps), round_weight, kernels.step_tiles(io)
+            bk,
+            bsz,
+            hk,
+            hv,
+            dk,
+            dv,
+            io,
+            float(eps),
+            round_weight,
+            kernels.step_tiles("gated_delta_step"),
         )
         flat = state.view(bsz * hv * dk, dv)
         out = torch.empty(bsz * hv, dv, dtype=io, device=q.device)
@@ -203,7 +212,9 @@ def _kda_eager(
 
         bsz, heads, dim = q.shape
         io = q.dtype
-        fn = kernels.kda_step_kernel(bk, bsz, heads, dim, io, float(eps), kernels.step_tiles(io))
+        fn = kernels.kda_step_kernel(
+            bk, bsz, heads, dim, io, float(eps), kernels.step_tiles("kda_step")
+        )
         flat = state.view(bsz * heads * dim, dim)
         out = torch.empty(bsz * heads, dim, dtype=io, device=q.device)
         fn(
