@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -107,10 +109,46 @@ def test_switched_off_inside_enable_the_reference_decodes_the_same(folders):
     assert PLUGIN.report()["calls"]["kda_step"] == {"pypto": 0, "reference": 3}
 
 
-def _fused(folder, gen):
-    from pypto_testing.bench import fused_arm_run
-
-    arms = fused_arm_run(folder, gen=gen, arms=("eager", "pypto+graph"))
+def _fused(folder, gen, tmp_path):
+    """eager and pypto+graph through the real ``pypto-bench run`` in its own process (CPU,
+    fp32, no warmup, one iteration): the compiled graphs and PyPTO's state end with it, not
+    in this test process. Returns the plug-in's call counts from the report."""
+    report = tmp_path / f"r{gen}.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pypto_bench.cli",
+            "run",
+            "--model-path",
+            str(folder),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--regime",
+            "decode",
+            "--seq",
+            "4",
+            "--gen",
+            str(gen),
+            "--warmup",
+            "0",
+            "--iters",
+            "1",
+            "--arms",
+            "eager,pypto+graph",
+            "--no-bandwidth",
+            "--no-progress",
+            "--report-file",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.is_file(), done.stderr[-3000:]
+    arms = {a["name"]: a for a in json.loads(report.read_text())["arms"]}
     for name in ("eager", "pypto+graph"):
         assert arms[name]["ok"], arms[name].get("error")
     fused = arms["pypto+graph"]
@@ -121,7 +159,7 @@ def _fused(folder, gen):
 
 
 @pytest.mark.slow
-def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders):
+def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders, tmp_path):
     """eager and pypto+graph through pypto-bench: tokens equal eager, no fallback, and the
     kernel count grows with the decode steps (one layer): the captured step runs the op
     on every replay, not once at capture."""
@@ -129,7 +167,7 @@ def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders):
     folder = _folder(folders, "qwen3_5_text")
     counts = {}
     for gen in (2, 4):
-        calls = _fused(folder, gen)["gated_delta_step"]
+        calls = _fused(folder, gen, tmp_path)["gated_delta_step"]
         assert calls["reference"] == 0, json.dumps(calls)
         counts[gen] = calls["pypto"]
     assert counts[4] - counts[2] >= 2, counts
@@ -143,12 +181,12 @@ def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders):
         ("qwen3_next", "gated_delta_step"),
     ],
 )
-def test_bench_pypto_graph_arm_on_the_other_hybrids(folders, model_type, op):
+def test_bench_pypto_graph_arm_on_the_other_hybrids(folders, model_type, op, tmp_path):
     """KDA + MLA + MoE and Qwen3-Next's Gated DeltaNet + MoE (the linear-attention and MoE
     plug-ins together): tokens equal eager, the step kernel on every decode step (3 new
     tokens: at least 2 decode steps of the one layer), no fallback. Qwen3.5-MoE's layers
     are Qwen3.5's (benched above); its eager decode runs the kernel in the test above."""
     pytest.importorskip("pypto")
-    calls = _fused(_folder(folders, model_type), 3)[op]
+    calls = _fused(_folder(folders, model_type), 3, tmp_path)[op]
     assert calls["reference"] == 0, calls
     assert calls["pypto"] >= 2, calls
