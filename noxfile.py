@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tomllib
 from pathlib import Path
@@ -132,6 +133,9 @@ MYPY_PIN = "mypy==2.4.1"
 # import-linter's contracts live in the root pyproject (docs/layering.md); grimp builds
 # its import graph, pinned too so a new grimp cannot change what the contracts see.
 IMPORT_LINTER_PINS = ("import-linter==2.17", "grimp==3.20")
+# The tests session's workers (docs/testing.md has the measurements behind the choice).
+XDIST_PIN = "pytest-xdist==3.8.0"
+XDIST_ARGS = ("-n", "2", "--dist", "worksteal")
 
 
 def _src_path() -> str:
@@ -188,7 +192,7 @@ def tests(session: nox.Session) -> None:
     """Every package and tests-integration on CPU, torch pinned to 2.13.0."""
     packages = _packages()
     # import-linter: tests-integration/test_layering.py proves the contracts catch a breach.
-    session.install(TORCH_PIN, *IMPORT_LINTER_PINS)
+    session.install(TORCH_PIN, XDIST_PIN, *IMPORT_LINTER_PINS)
     names: list[str] = []
     for n in packages:
         for dep in _local_closure(n, packages, ("test",)):
@@ -199,7 +203,42 @@ def tests(session: nox.Session) -> None:
     )
     paths = [str(packages[n] / "tests") for n in packages if (packages[n] / "tests").is_dir()]
     paths.append("tests-integration")
-    _pytest(session, *paths)
+    # The suite's budget (docs/testing.md): 25 minutes of pytest and 8 GB resident on 2
+    # cores. Two xdist workers, one per core; tests that share an expensive module or
+    # session fixture carry an xdist_group mark so loadgroup keeps them on one worker
+    # (the fixture is built once). `nox -s tests -- -n 0` runs in one process (the last
+    # -n wins). Both workers and every child process compile into one per-run inductor
+    # cache, so a graph compiled by one is a cache hit for the others, and the run starts
+    # cold like CI's (a developer's ~/.cache or /tmp cache does not flatter the figure).
+    tmp = Path(session.create_tmp())
+    session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
+    # Each worker compiles in its own process: with two workers on two cores inductor's
+    # compile pool (a torch-importing subprocess per core, per worker) adds ~1.5 GB
+    # resident and no speed (docs/testing.md).
+    session.env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    shutil.rmtree(tmp / "inductor-cache", ignore_errors=True)
+    profile = os.environ.get("PYPTO_TEST_PROFILE")
+    if not profile:
+        profile = str(tmp / "test-profile")
+        shutil.rmtree(profile, ignore_errors=True)
+    session.env["PYPTO_TEST_PROFILE"] = profile
+    # PyPTO's calculator (a ~23 s cmake build, pypto-kernels-common) once per run, shared
+    # by every worker and child behind its file lock.
+    session.env["PYPTO_KERNELS_CACHE"] = os.environ.get("PYPTO_KERNELS_CACHE") or str(
+        tmp / "pypto-kernels-cache"
+    )
+    session.log(f"pytest over {', '.join(paths)}: exit 5 here means no tests were collected")
+    try:
+        # tools/measure_tests.py samples the whole process tree's memory (the workers and
+        # every child a test starts) and passes pytest's exit status through.
+        session.run(
+            "python", str(ROOT / "tools" / "measure_tests.py"), "--csv", f"{profile}/rss.csv",
+            "--", "pytest", *XDIST_ARGS, "--durations=40", *paths, *session.posargs,
+            success_codes=[0],
+        )  # fmt: skip
+    finally:
+        # Where the time went, from the root conftest.py's per-test lines.
+        session.run("python", str(ROOT / "tools" / "suite_profile.py"), profile, "--top", "15")
 
 
 def _has_extra(pkg_dir: Path, extra: str) -> bool:

@@ -141,6 +141,10 @@ def test_an_arm_that_patches_the_model_still_interleaves(exact_report):
     assert [a["ok"] for a in exact_report["arms"]] == [True, True]
 
 
+@pytest.mark.slow(
+    reason="two full runs (interleaved and sequential) of eager, graph and pypto+graph with "
+    "the SIM grouped-GEMM kernel; the first kernel test of a run also builds PyPTO's calculator"
+)
 def test_a_kernel_plugin_arm_runs_one_arm_after_the_other(moe_folder):
     """pypto+graph's grouped-GEMM plug-in turns its package's switches on process-wide:
     the run falls back to the sequential schedule and says why; tokens equal eager's and

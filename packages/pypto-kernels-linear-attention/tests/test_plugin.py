@@ -158,7 +158,10 @@ def _fused(folder, gen, tmp_path):
     return fused["details"]["plugin_reports"]["linear_attention"]["calls"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="the real pypto-bench CLI in a child process: graph and pypto+graph compiles of a "
+    "hybrid with the SIM kernel inside (~80 s on 2 busy cores)"
+)
 def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders, tmp_path):
     """eager and pypto+graph through pypto-bench: tokens equal eager, no fallback, and the
     kernel count grows with the decode steps (one layer): the captured step runs the op

@@ -1,0 +1,125 @@
+"""Run a command and record the resident memory of its whole process tree over time.
+
+Why: the suite's memory budget (8 GB on the 2-core machine) is about everything the test
+command keeps resident at once: pytest's process, each xdist worker, every child a test
+starts. One process's ``ru_maxrss`` sees none of that. This samples the tree from /proc
+(Linux) every ``--every`` seconds and writes one CSV row per sample (seconds since start,
+processes, summed RSS and summed PSS in MiB; PSS shares a page mapped by several processes
+among them, RSS counts it in each, so RSS over-states), then prints the wall time and the
+peaks as JSON on stdout.
+
+    python tools/measure_tests.py --csv /tmp/rss.csv -- nox -s tests
+
+The command's exit status is this script's exit status; SIGINT / SIGTERM reach the
+command's process group and end it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "tree_memory"]
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # The command name is in parentheses and may hold spaces: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1:
+            kids.setdefault(int(fields[1]), []).append(int(entry))
+    return kids
+
+
+def _kib(pid: int, path: str, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/{path}", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
+
+
+def tree_memory(root: int) -> tuple[int, float, float]:
+    """(processes, RSS MiB, PSS MiB) summed over ``root`` and its descendants."""
+    kids = _children_map()
+    todo, seen = [root], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo.extend(kids.get(pid, ()))
+    rss = sum(_kib(pid, "status", "VmRSS") for pid in seen)
+    pss = sum(_kib(pid, "smaps_rollup", "Pss") for pid in seen)
+    return len(seen), rss / 1024, pss / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, required=True, help="where the samples go")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between samples")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+    if not (0.05 <= args.every <= 60):
+        parser.error("--every: between 0.05 and 60 seconds")
+    start = time.monotonic()
+    proc = subprocess.Popen(command, start_new_session=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    peak_rss = peak_pss = 0.0
+    peak_at = 0.0
+    args.csv.parent.mkdir(parents=True, exist_ok=True)
+    with args.csv.open("w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(["seconds", "processes", "rss_mib", "pss_mib"])
+        while proc.poll() is None:
+            count, rss, pss = tree_memory(proc.pid)
+            now = time.monotonic() - start
+            out.writerow([f"{now:.1f}", count, f"{rss:.0f}", f"{pss:.0f}"])
+            fh.flush()
+            if rss > peak_rss:
+                peak_rss, peak_at = rss, now
+            peak_pss = max(peak_pss, pss)
+            time.sleep(args.every)
+    wall = time.monotonic() - start
+    summary = {
+        "command": command,
+        "exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": round(peak_rss),
+        "peak_rss_at_s": round(peak_at, 1),
+        "peak_pss_mib": round(peak_pss),
+        "csv": str(args.csv),
+    }
+    print(json.dumps(summary))
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
