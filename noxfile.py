@@ -210,7 +210,9 @@ def tests(session: nox.Session) -> None:
     # -n wins). Both workers and every child process compile into one per-run inductor
     # cache, so a graph compiled by one is a cache hit for the others, and the run starts
     # cold like CI's (a developer's ~/.cache or /tmp cache does not flatter the figure).
-    tmp = Path(session.create_tmp())
+    # Absolute: tests start children in folders of their own (a relative cache path names
+    # another folder there).
+    tmp = Path(session.create_tmp()).resolve()
     session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
     # Each worker compiles in its own process: with two workers on two cores inductor's
     # compile pool (a torch-importing subprocess per core, per worker) adds ~1.5 GB
@@ -218,14 +220,16 @@ def tests(session: nox.Session) -> None:
     session.env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     shutil.rmtree(tmp / "inductor-cache", ignore_errors=True)
     profile = os.environ.get("PYPTO_TEST_PROFILE")
-    if not profile:
+    if profile:
+        profile = str(Path(profile).resolve())
+    else:
         profile = str(tmp / "test-profile")
         shutil.rmtree(profile, ignore_errors=True)
     session.env["PYPTO_TEST_PROFILE"] = profile
     # PyPTO's calculator (a ~23 s cmake build, pypto-kernels-common) once per run, shared
     # by every worker and child behind its file lock.
-    session.env["PYPTO_KERNELS_CACHE"] = os.environ.get("PYPTO_KERNELS_CACHE") or str(
-        tmp / "pypto-kernels-cache"
+    session.env["PYPTO_KERNELS_CACHE"] = str(
+        Path(os.environ.get("PYPTO_KERNELS_CACHE") or tmp / "pypto-kernels-cache").resolve()
     )
     session.log(f"pytest over {', '.join(paths)}: exit 5 here means no tests were collected")
     try:

@@ -55,6 +55,17 @@ def test_cache_root_prefers_the_generic_variable(monkeypatch, tmp_path, env, exp
     assert sim.cache_root() == tmp_path / expected
 
 
+def test_a_relative_cache_root_is_made_absolute(monkeypatch, tmp_path):
+    """The cost-model worker runs in its own folder: a relative cache must not move with it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYPTO_KERNELS_CACHE", "rel/cache")
+    assert sim.cache_root() == tmp_path / "rel" / "cache"
+    monkeypatch.delenv("PYPTO_KERNELS_CACHE")
+    monkeypatch.delenv("PYPTO_GUTENOCR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "xdg")
+    assert sim.cache_root() == tmp_path / "xdg" / "pypto-kernels"
+
+
 def test_prepare_environment_points_pypto_into_the_cache(monkeypatch, tmp_path):
     """PyPTO reads these at load; without them it writes ./output and ~/ascend."""
     monkeypatch.setenv("PYPTO_KERNELS_CACHE", str(tmp_path / "cache"))

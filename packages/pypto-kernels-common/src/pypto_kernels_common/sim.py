@@ -73,13 +73,18 @@ class SimUnavailableError(RuntimeError):
 
 
 def cache_root() -> Path:
-    """``$PYPTO_KERNELS_CACHE`` (else ``$PYPTO_GUTENOCR_CACHE``, else the user cache)."""
+    """``$PYPTO_KERNELS_CACHE`` (else ``$PYPTO_GUTENOCR_CACHE``, else the user cache).
+
+    Always absolute: the paths derived from it (PyPTO's config, the calculator) are handed
+    to child processes that run in folders of their own (the cost-model worker), where a
+    relative path names another folder (PyPTO then fails with "ReadJsonFile failed").
+    """
     for var in CACHE_ENV:
         env = os.environ.get(var)
         if env:
-            return Path(env)
+            return Path(env).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pypto-kernels"
+    return (Path(base).expanduser() / "pypto-kernels").absolute()
 
 
 def installed_version() -> str | None:
