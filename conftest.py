@@ -18,10 +18,15 @@ a property of the whole suite, not of one package. This file (stdlib and pytest 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import fcntl
+import gc
 import json
 import math
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow(reason): needs more than the per-phase budget")
+    config.addinivalue_line(
+        "markers", "exclusive(reason): runs with no other test of the run beside it (memory)"
+    )
     config.stash[_BUDGET] = _budget(config)
 
 
@@ -91,12 +99,78 @@ def slow_reason(item: pytest.Item) -> str | None:
     return str(reason).strip() or None if reason else None
 
 
+def _give_back_memory() -> None:
+    """Free what the finished module's objects held and hand freed heap pages to the OS.
+
+    Why: a worker runs hundreds of modules; glibc keeps freed heap memory (tensors under
+    its mmap threshold, Python objects) resident, so each worker's RSS only grew and the
+    two workers plus a test's child went past the suite's 8 GB. ``malloc_trim(0)`` returns
+    the free pages (glibc only; elsewhere this is a garbage collection).
+    """
+    gc.collect()
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+_libc: ctypes.CDLL | bool | None = None
+
+
+def _room(config: pytest.Config) -> tuple[Path, Path] | None:
+    """The two lock files all xdist workers of one run share (None outside xdist)."""
+    uid = getattr(config, "workerinput", {}).get("testrunuid")
+    if not isinstance(uid, str) or not uid.isalnum():
+        return None
+    folder = os.environ.get("PYPTO_TEST_PROFILE") or tempfile.gettempdir()
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    base = Path(folder) / f"pypto-suite-{uid}"
+    return base.with_suffix(".turnstile"), base.with_suffix(".room")
+
+
+def _enter(item: pytest.Item) -> object | None:
+    """Hold the run's room: shared by every test, alone by an ``exclusive`` one.
+
+    Why: a test marked ``@pytest.mark.exclusive(reason=...)`` needs most of the suite's
+    memory budget (a full-shape precision case's child holds ~11 GB); under two workers it
+    must not overlap anything else. A reader-writer lock over ``flock``: every test takes
+    the turnstile briefly, then the room shared; an exclusive one keeps the turnstile until
+    it has the room to itself, so the other worker queues behind it instead of starving it.
+    """
+    paths = _room(item.config)
+    if paths is None:
+        return None
+    turnstile_path, room_path = paths
+    alone = item.get_closest_marker("exclusive") is not None
+    with open(turnstile_path, "a", encoding="ascii") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        room = open(room_path, "a", encoding="ascii")  # noqa: SIM115 (held past this block)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    return room
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    room = _enter(item)
+    try:
+        yield from _protocol(item, nextitem)
+    finally:
+        if room is not None:
+            room.close()  # type: ignore[attr-defined]  # closing the file drops its flock
+
+
+def _protocol(item: pytest.Item, nextitem: pytest.Item | None):
     _reset_peak()
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     item.stash[_RECORD] = {"start": time.time()}
     yield
+    if nextitem is None or nextitem.path != item.path:
+        _give_back_memory()
     record = item.stash[_RECORD]
     folder = os.environ.get("PYPTO_TEST_PROFILE")
     if not folder:

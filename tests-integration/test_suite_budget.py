@@ -142,6 +142,52 @@ def suite_profile_lines_are_written_and_rendered(tmp_path):
     assert not cli.stdout
 
 
+EXCLUSIVE = textwrap.dedent(
+    """
+    import json, os, time
+    import pytest
+
+    def _log(name, t0, t1):
+        with open(os.environ["SPANS"], "a") as fh:
+            fh.write(json.dumps([name, t0, t1]) + "\\n")
+
+    @pytest.mark.parametrize("i", range(6))
+    def test_plain(i):
+        t0 = time.time(); time.sleep(0.4); _log(f"plain{i}", t0, time.time())
+
+    @pytest.mark.exclusive(reason="holds most of the memory budget")
+    def test_alone():
+        t0 = time.time(); time.sleep(1.5); _log("alone", t0, time.time())
+
+    @pytest.mark.parametrize("i", range(6))
+    def test_plain_after(i):
+        t0 = time.time(); time.sleep(0.4); _log(f"after{i}", t0, time.time())
+    """
+)
+
+
+def test_an_exclusive_test_runs_with_no_other_test_beside_it(tmp_path):
+    pytest.importorskip("xdist")
+    (tmp_path / "test_exclusive.py").write_text(EXCLUSIVE)
+    spans = tmp_path / "spans.jsonl"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYPTO_TEST", "PYTEST"))}
+    clean.update(PYTHONPATH=str(ROOT), SPANS=str(spans), PYPTO_TEST_PROFILE=str(tmp_path / "p"))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+         "-n", "2", "--dist", "load", str(tmp_path / "test_exclusive.py")],
+        cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in spans.read_text().splitlines()]
+    assert len(rows) == 13
+    (alone,) = [r for r in rows if r[0] == "alone"]
+    others = [r for r in rows if r[0] != "alone"]
+    # both workers ran plain tests side by side, and none of them beside the exclusive one
+    assert any(a[1] < b[2] and b[1] < a[2] for a in others for b in others if a is not b)
+    overlapping = [r[0] for r in others if r[1] < alone[2] and alone[1] < r[2]]
+    assert overlapping == [], overlapping
+
+
 def test_measure_tests_sees_a_child_and_passes_its_exit_status(tmp_path):
     csv = tmp_path / "rss.csv"
     grow = (

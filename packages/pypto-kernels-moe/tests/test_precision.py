@@ -24,6 +24,7 @@ def test_cases_follow_the_one_schema():
     assert any("llada2" in c.id for c in cases)
 
 
+@pytest.mark.exclusive(reason="builds every case's full inputs in this process: 6.8 GB at the peak")
 def test_routing_gives_distinct_ids_per_token():
     for case in suite.load_cases():
         inputs = make_inputs(case, reduced=True)
@@ -32,6 +33,7 @@ def test_routing_gives_distinct_ids_per_token():
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive(reason="the case's child holds up to 11 GB (LLaDA2-mini prefill s512)")
 @pytest.mark.parametrize("case", suite.load_cases(), ids=lambda c: c.id)
 def test_kernel_matches_golden(case):
     """The case in its own process (``_precision_child.py``): the kernel through the op,
