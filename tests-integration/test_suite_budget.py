@@ -264,3 +264,21 @@ def test_tree_memory_of_this_process():
     assert count >= 1
     assert rss > 10
     assert pss > 0
+
+
+def test_the_docs_state_the_budget_the_suite_enforces():
+    """docs/testing.md and the README name the numbers and tools the suite really uses."""
+    import tomllib
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    budget = float(ini["test_budget_s"])
+    page = (ROOT / "docs" / "testing.md").read_text()
+    assert f"`test_budget_s` ({budget:g} s" in page
+    for tool in ("tools/measure_tests.py", "tools/suite_profile.py", "conftest.py"):
+        assert tool in page
+        assert (ROOT / tool).is_file()
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert 'XDIST_ARGS = ("-n", "0")' in noxfile
+    assert "`-n 0`" in page
+    assert "nox -s tests -- -n 2 --dist worksteal" in page
+    assert "(docs/testing.md)" in (ROOT / "README.md").read_text()

@@ -4,7 +4,7 @@ Why: the suite's memory budget (8 GB on the 2-core machine) is about everything 
 command keeps resident at once: pytest's process, each xdist worker, every child a test
 starts. One process's ``ru_maxrss`` sees none of that. This samples the tree from /proc
 (Linux) every ``--every`` seconds and writes one CSV row per sample (seconds since start,
-processes, summed RSS and summed PSS in MiB; PSS shares a page mapped by several processes
+processes, summed RSS and, every tenth sample, summed PSS in MiB; PSS shares a page mapped by several processes
 among them, RSS counts it in each, so RSS over-states), then prints the wall time and the
 peaks as JSON on stdout.
 
@@ -57,8 +57,12 @@ def _kib(pid: int, path: str, field: str) -> int:
     return 0
 
 
-def tree_memory(root: int) -> tuple[int, float, float]:
-    """(processes, RSS MiB, PSS MiB) summed over ``root`` and its descendants."""
+def tree_memory(root: int, *, with_pss: bool = True) -> tuple[int, float, float | None]:
+    """(processes, RSS MiB, PSS MiB or None) summed over ``root`` and its descendants.
+
+    PSS walks every page table of every process (``smaps_rollup``): a third of a core
+    when sampled each second over multi-GB workers, so the caller asks for it less often.
+    """
     kids = _children_map()
     todo, seen = [root], []
     while todo:
@@ -66,6 +70,8 @@ def tree_memory(root: int) -> tuple[int, float, float]:
         seen.append(pid)
         todo.extend(kids.get(pid, ()))
     rss = sum(_kib(pid, "status", "VmRSS") for pid in seen)
+    if not with_pss:
+        return len(seen), rss / 1024, None
     pss = sum(_kib(pid, "smaps_rollup", "Pss") for pid in seen)
     return len(seen), rss / 1024, pss / 1024
 
@@ -98,14 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     with args.csv.open("w", newline="", encoding="utf-8") as fh:
         out = csv.writer(fh)
         out.writerow(["seconds", "processes", "rss_mib", "pss_mib"])
+        sample = 0
         while proc.poll() is None:
-            count, rss, pss = tree_memory(proc.pid)
+            # RSS every sample, PSS every tenth (see tree_memory).
+            count, rss, pss = tree_memory(proc.pid, with_pss=sample % 10 == 0)
+            sample += 1
             now = time.monotonic() - start
-            out.writerow([f"{now:.1f}", count, f"{rss:.0f}", f"{pss:.0f}"])
+            out.writerow([f"{now:.1f}", count, f"{rss:.0f}", "" if pss is None else f"{pss:.0f}"])
             fh.flush()
             if rss > peak_rss:
                 peak_rss, peak_at = rss, now
-            peak_pss = max(peak_pss, pss)
+            peak_pss = max(peak_pss, pss or 0.0)
             time.sleep(args.every)
     wall = time.monotonic() - start
     summary = {
