@@ -20,6 +20,10 @@ TOOL = ROOT / "tools" / "device_check_distributed.py"
 pytestmark = pytest.mark.skipif(visible_devices("cpu") < 2, reason="needs 2 CPU cores")
 
 
+@pytest.mark.slow(
+    reason="the device-check script end to end on CPU: every figure, --nproc runs included "
+    "(230 s beside a second worker, ~2 min alone)"
+)
 def test_dry_run_writes_every_figure(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "WORK": str(tmp_path / "work")}

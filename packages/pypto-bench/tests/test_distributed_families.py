@@ -146,6 +146,10 @@ def test_minimax_m27_pinned_prefill_logits_equal_single_process(tmp_path):
     _sharded(report)
 
 
+@pytest.mark.slow(
+    reason="--nproc 2 decode of the pinned MiniMax M3 folder, eager and graph arms compiled "
+    "in both ranks (152 s beside a second worker, ~90 s alone)"
+)
 def test_minimax_m3_pinned_decode_eager_and_graph_tokens_equal(tmp_path):
     """M3 (sparse-attention indexer, shared expert): the strict pinned loader, then the
     family's plan; eager generate and the compiled decode step (collectives traced, the

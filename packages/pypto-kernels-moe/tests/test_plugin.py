@@ -112,7 +112,10 @@ def _bench(folder, gen):
     return arms["pypto+graph"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="the real pypto-bench run of graph and pypto+graph with the SIM grouped-GEMM "
+    "kernel in every replay (155 s beside a second worker, ~90 s alone)"
+)
 def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(qwen3_moe_folder):
     """eager, graph, pypto+graph on the tiny Qwen3-MoE: tokens equal eager (fp32), no
     fallback, and the kernel count grows with the decode steps (2 MoE layers per step):
