@@ -26,6 +26,7 @@ import json
 import math
 import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,8 +96,8 @@ def slow_reason(item: pytest.Item) -> str | None:
     mark = item.get_closest_marker("slow")
     if mark is None:
         return None
-    reason = mark.kwargs.get("reason") or (mark.args[0] if mark.args else None)
-    return str(reason).strip() or None if reason else None
+    reason = str(mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")).strip()
+    return reason or None
 
 
 def _give_back_memory() -> None:
@@ -147,11 +148,37 @@ def _enter(item: pytest.Item) -> object | None:
         return None
     turnstile_path, room_path = paths
     alone = item.get_closest_marker("exclusive") is not None
+    deadline = time.monotonic() + _LOCK_WAIT_S
     with open(turnstile_path, "a", encoding="ascii") as turnstile:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
         room = open(room_path, "a", encoding="ascii")  # noqa: SIM115 (held past this block)
-        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-    return room
+        if _lock(turnstile, fcntl.LOCK_EX, deadline) and _lock(
+            room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH, deadline
+        ):
+            return room
+    room.close()
+    sys.stderr.write(
+        f"{item.nodeid}: waited {_LOCK_WAIT_S:g} s for the other worker's test; running it "
+        "without the exclusive lock (the memory peak may overlap)\n"
+    )
+    return None
+
+
+#: The longest a test waits for the run's room (one test of the other worker, or an
+#: exclusive one): past it the test runs anyway rather than hang the suite
+#: (``PYPTO_TEST_LOCK_WAIT_S`` overrides it).
+_LOCK_WAIT_S = float(os.environ.get("PYPTO_TEST_LOCK_WAIT_S") or 1800)
+
+
+def _lock(fh: object, kind: int, deadline: float) -> bool:
+    """``flock`` without blocking past ``deadline`` (polled; SIGTERM still ends the wait)."""
+    while True:
+        try:
+            fcntl.flock(fh, kind | fcntl.LOCK_NB)  # type: ignore[arg-type]
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 @pytest.hookimpl(hookwrapper=True)

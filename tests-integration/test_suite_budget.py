@@ -188,6 +188,25 @@ def test_an_exclusive_test_runs_with_no_other_test_beside_it(tmp_path):
     assert overlapping == [], overlapping
 
 
+def test_the_room_lock_wait_is_bounded(tmp_path):
+    """A held room (a stuck test on the other worker) delays a test by the stated bound, not
+    forever: the lock is polled, never a blocking flock."""
+    import fcntl
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    room = tmp_path / "room"
+    with room.open("a") as held, room.open("a") as waiter:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        start = time.monotonic()
+        assert module._lock(waiter, fcntl.LOCK_SH, start + 0.5) is False
+        assert 0.5 <= time.monotonic() - start < 5
+        fcntl.flock(held, fcntl.LOCK_UN)
+        assert module._lock(waiter, fcntl.LOCK_SH, time.monotonic() + 0.5) is True
+
+
 def test_measure_tests_sees_a_child_and_passes_its_exit_status(tmp_path):
     csv = tmp_path / "rss.csv"
     grow = (
@@ -198,12 +217,13 @@ def test_measure_tests_sees_a_child_and_passes_its_exit_status(tmp_path):
     )
     done = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "measure_tests.py"), "--csv", str(csv),
-         "--every", "0.2", "--", sys.executable, "-c", grow],
+         "--every", "0.2", "--", sys.executable, "-c", grow, "--token", "hf_SECRETabc123"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
     summary = json.loads(done.stdout)
     assert summary["exit"] == 3
+    assert "hf_SECRET" not in done.stdout + done.stderr + csv.read_text()  # never echoed
     # the child's 300 MiB is counted with its parent's (a one-process ru_maxrss would not)
     assert summary["peak_rss_mib"] >= 300, summary
     rows = csv.read_text().splitlines()

@@ -11,7 +11,8 @@ peaks as JSON on stdout.
     python tools/measure_tests.py --csv /tmp/rss.csv -- nox -s tests
 
 The command's exit status is this script's exit status; SIGINT / SIGTERM reach the
-command's process group and end it.
+command's process group; a second signal kills it. The summary names the program, never
+its arguments (a command line may carry a token).
 """
 
 from __future__ import annotations
@@ -90,11 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     proc = subprocess.Popen(command, start_new_session=True)
 
+    forwarded: list[int] = []
+
     def forward(signum: int, _frame: object) -> None:
+        # The first signal is passed on; a second one kills the tree (a command that
+        # ignores SIGTERM cannot keep this script waiting).
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, signal.SIGKILL if forwarded else signum)
         except ProcessLookupError:
             pass
+        forwarded.append(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.every)
     wall = time.monotonic() - start
     summary = {
-        "command": command,
+        # The program only: a command line may carry a token, and this line is printed.
+        "program": Path(command[0]).name,
         "exit": proc.returncode,
         "wall_s": round(wall, 1),
         "peak_rss_mib": round(peak_rss),
