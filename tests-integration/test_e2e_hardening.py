@@ -304,6 +304,7 @@ def test_a_report_unwritable_after_the_run_goes_to_the_fallback_and_says_where(
     fallback = tmp_path / "fallback"
     fallback.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(fallback))
+    monkeypatch.setenv("TMPDIR", str(fallback))  # the fallback takes $TMPDIR first
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))
     work = tmp_path / "run"
     target = work / "report" / "bench.json"

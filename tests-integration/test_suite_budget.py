@@ -51,9 +51,18 @@ TESTS = textwrap.dedent(
 )
 
 
+def _own_rootdir(folder: Path) -> None:
+    """An ini file of its own, so the inner pytest's rootdir is ``folder`` wherever the temp
+    folder lives: under the checkout (nox's TMPDIR is ``.nox/tests/tmp``) pytest would
+    otherwise find the root pyproject.toml and load the root conftest.py a second time
+    beside ``-p conftest`` (two registrations, each taking the room lock: a deadlock)."""
+    (folder / "pytest.ini").write_text("[pytest]\n")
+
+
 def _pytest(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """A real pytest over ``TESTS`` with the root conftest.py loaded as a plugin."""
     (tmp_path / "test_budgeted.py").write_text(TESTS)
+    _own_rootdir(tmp_path)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYPTO_TEST", "PYTEST"))}
     clean["PYTHONPATH"] = os.pathsep.join([str(ROOT), clean.get("PYTHONPATH", "")])
     clean.update(env)
@@ -169,6 +178,7 @@ EXCLUSIVE = textwrap.dedent(
 def test_an_exclusive_test_runs_with_no_other_test_beside_it(tmp_path):
     pytest.importorskip("xdist")
     (tmp_path / "test_exclusive.py").write_text(EXCLUSIVE)
+    _own_rootdir(tmp_path)
     spans = tmp_path / "spans.jsonl"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYPTO_TEST", "PYTEST"))}
     clean.update(PYTHONPATH=str(ROOT), SPANS=str(spans), PYPTO_TEST_PROFILE=str(tmp_path / "p"))

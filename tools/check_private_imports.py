@@ -131,7 +131,10 @@ def _python_files(paths: Iterable[Path]) -> Iterator[Path]:
                 yield p
             continue
         for f in sorted(p.rglob("*.py")):
-            if not any(part.startswith(".") or part == "__pycache__" for part in f.parts):
+            # Hidden folders and caches *below* the given folder only: a checkout that lives
+            # under a hidden folder (``~/.local/src``, a nox temp dir) is still checked.
+            below = f.relative_to(p).parts
+            if not any(part.startswith(".") or part == "__pycache__" for part in below):
                 yield f
 
 
