@@ -414,6 +414,21 @@ def release(session: nox.Session, name: str) -> None:
     session.run("python", str(ROOT / "tools" / "release.py"), name, *session.posargs)
 
 
+MSPROBE_PIN = "mindstudio-probe==26.2.0"
+
+
+@nox.session
+def msprobe(session: nox.Session) -> None:
+    """pypto-precision against the real msprobe (PyPI mindstudio-probe), in a venv of its own:
+    msprobe's dump of a tiny Llama read as either side of our compare (a planted 1% error in
+    its run named at its module), and ``msprobe compare`` reading the dump we write."""
+    packages = _packages()
+    session.install(TORCH_PIN, MSPROBE_PIN)
+    names = _local_closure("pypto-precision", packages, ("test",))
+    _install_local(session, names, packages, {"pypto-precision": "test"})
+    _pytest(session, str(packages["pypto-precision"] / "tests" / "test_msprobe.py"))
+
+
 @nox.session
 def npu_api(session: nox.Session) -> None:
     """Every declared torch_npu / torchair / PyPTO name checked against the real wheels.

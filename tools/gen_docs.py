@@ -37,6 +37,7 @@ TOOLS = [
     ("pypto-gutenocr", "pypto_models_gutenocr"),
     ("pypto-tune", "pypto_tune"),
     ("pypto-capture", "pypto_capture"),
+    ("pypto-precision", "pypto_precision"),
 ]
 
 
@@ -142,6 +143,7 @@ EXIT_TABLES = [
     ("pypto-gutenocr", "pypto_models_gutenocr"),
     ("pypto-tune", "pypto_tune"),
     ("pypto-capture", "pypto_capture"),
+    ("pypto-precision", "pypto_precision"),
 ]
 
 

@@ -229,10 +229,15 @@ def test_an_unreachable_rendezvous_is_named_within_the_timeout(tiny: Path) -> No
 
 def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path) -> None:
     """SIGKILL one rank mid-run: the other fails its next collective and exits (bounded by
-    --rank-timeout); no process of the step is left."""
+    --rank-timeout); no process of the step is left.
+
+    ``--no-baseline``: both ranks go straight to the sharded measurement, so the kill lands
+    while both are iterating. (With the 1-rank baseline, rank 0 spends the first 20000 steps
+    alone, touching no collective: on a slow machine the kill landed there and rank 0 noticed
+    only when its baseline ended, 80 s later.)"""
     port = free_port()
     args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
-            "--iters", "20000", "--rank-timeout", "10"]  # fmt: skip
+            "--iters", "20000", "--rank-timeout", "10", "--no-baseline"]  # fmt: skip
     procs = [_start(args, _slurm(r, 2, port)) for r in (0, 1)]
     try:
         time.sleep(8)  # both loaded and iterating (20000 steps: far longer than the test)

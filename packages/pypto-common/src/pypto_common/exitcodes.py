@@ -49,6 +49,7 @@ EXIT_RANGES: dict[str, range] = {
     "pypto-gutenocr": range(70, 80),
     "pypto-tune": range(80, 90),
     "pypto-capture": range(90, 100),
+    "pypto-precision": range(100, 110),
 }
 
 

@@ -1,0 +1,348 @@
+"""``pypto-precision dump`` and ``pypto-precision check``: the model-level commands.
+
+pypto-precision's library compares dumps and judges logits; loading a model folder (offline,
+never running its code unless asked) is this package's, so these two commands live here and
+are added to the ``pypto-precision`` command through the ``pypto_precision.commands``
+entry-point group (the arrow points down: pypto-bench -> pypto-precision).
+
+``check`` answers the porting engineer's question in one command: the target (device,
+dtype) against a trusted reference (default: CPU, float64 for models under 1 GB of weights,
+else float32), teacher-forced over ``--gen`` steps of the reference's own greedy tokens,
+judged against the noise floor (the target's dtype on the reference device, measured in the
+same run). When the logits fail, every module of the target, the reference and the floor is
+dumped on the prompt and compared, and the first diverging module is named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pypto_common import atomic_write_text
+from pypto_precision import (
+    DEFAULT_K,
+    DEFAULT_MAX_BYTES,
+    EXIT,
+    MODES,
+    PrecisionError,
+    Recorder,
+    compare_dumps,
+    judge_logits,
+    logit_metrics,
+    read_dump,
+    summary_line,
+    write_reports,
+)
+
+from .errors import BadInputError, BenchError, EnvironmentMissingError
+from .loading import load_model
+
+__all__ = ["CHECK", "DUMP", "CheckCommand", "DumpCommand", "reference_dtype"]
+
+log = logging.getLogger(__name__)
+
+#: Models with fewer weight bytes (at float64) than this get a float64 reference.
+FLOAT64_REFERENCE_BELOW = 1 << 30
+
+
+def _precision_error(err: BenchError) -> PrecisionError:
+    """A bench failure in this command's own codes (usage 2, environment 3, else 1)."""
+    out = PrecisionError(str(err))
+    if isinstance(err, BadInputError):
+        out.exit_code = EXIT.USAGE
+    elif isinstance(err, EnvironmentMissingError):
+        out.exit_code = EXIT.ENVIRONMENT
+    return out
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 < value <= 1 << 40:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _k(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-path", required=True, type=Path, help="the model folder")
+    p.add_argument("--seq", type=_positive, default=16, help="prompt tokens (default 16)")
+    p.add_argument("--prompt", help="a text prompt (tokenized; else --seq seeded token ids)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the token ids (default 0)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the folder's own Python code")  # fmt: skip
+
+
+@contextmanager
+def _loaded(args: argparse.Namespace, path: Path, device: str, dtype: str) -> Iterator[Any]:
+    import torch
+
+    from pypto_capture import resolve_device
+
+    # float64 (the reference's default) is not a bench dtype: load float32 (exact for
+    # fp32 / bf16 / fp16 checkpoints) and widen.
+    load_dtype = "float32" if dtype == "float64" else dtype
+    try:
+        dev = resolve_device(device)
+        loaded = load_model(
+            path, device=dev, dtype=load_dtype, trust_remote_code=args.trust_remote_code
+        )
+        if dtype == "float64":
+            loaded.model.to(torch.float64)
+    except BenchError as err:
+        raise _precision_error(err) from err
+    except Exception as err:  # pypto_capture's device errors
+        raise PrecisionError(f"device {device!r}: {' '.join(str(err).split())[:200]}") from err
+    try:
+        yield loaded
+    finally:
+        del loaded
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _input_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
+    """The prompt's token ids: the tokenized ``--prompt``, else ``--seq`` seeded ids."""
+    import torch
+
+    if args.prompt:
+        ids = loaded.tokenizer(args.prompt, return_tensors="pt").input_ids[0].tolist()
+        if not ids:
+            raise PrecisionError("--prompt tokenizes to nothing: pass a longer prompt")
+        return [int(i) for i in ids]
+    vocab = int(loaded.model.get_input_embeddings().weight.shape[0])
+    gen = torch.Generator().manual_seed(args.seed)
+    low = min(3, vocab - 1)  # past the usual special ids
+    return torch.randint(low, vocab, (args.seq,), generator=gen).tolist()
+
+
+def _fingerprint(loaded: Any) -> dict[str, Any]:
+    cfg = loaded.config
+    return {"path": str(loaded.path), "model_type": cfg.get("model_type"),
+            "class": type(loaded.model).__name__,
+            "parameters": sum(p.numel() for p in loaded.model.parameters())}  # fmt: skip
+
+
+def _dump(loaded: Any, ids: list[int], out: Path, mode: str, with_inputs: bool,
+          max_bytes: int, extra: dict[str, Any]) -> None:  # fmt: skip
+    import torch
+
+    device = next(loaded.model.parameters()).device
+    meta = {"input_ids": [ids], "model": _fingerprint(loaded), "arm": "eager", **extra}
+    x = torch.tensor([ids], device=device)
+    with torch.no_grad(), Recorder(loaded.model, out, mode=mode, with_inputs=with_inputs,
+                                   max_bytes=max_bytes, meta=meta):  # fmt: skip
+        loaded.model(input_ids=x, use_cache=False)
+
+
+class DumpCommand:
+    """``pypto-precision dump``: one eager forward pass of the prompt, every module recorded."""
+
+    name = "dump"
+    help = "run the model's eager forward on a prompt and record every module's outputs"
+
+    def configure(self, p: argparse.ArgumentParser) -> None:
+        p.description = (
+            "Load --model-path on --device in --dtype, run one eager forward pass of the "
+            "prompt and record every module's outputs (and inputs with --with-inputs) into "
+            "--out. Hooks do not fire inside a captured graph: compare the graph arm with "
+            "`check` or pypto-bench's numerical gate (teacher-forced logits)."
+        )
+        _common(p)
+        p.add_argument("--out", required=True, type=Path, help="the dump folder (must not exist)")
+        p.add_argument("--device", default="cpu", help="cpu, cuda:N, npu:N or auto")
+        p.add_argument("--dtype", default="float32", help="float32, bfloat16, float16, float64")
+        p.add_argument("--mode", choices=MODES, default="statistics",
+                       help="statistics (default), md5, or tensor (safetensors shards)")  # fmt: skip
+        p.add_argument("--with-inputs", action="store_true", help="record inputs too")
+        p.add_argument("--max-bytes", type=_positive, default=DEFAULT_MAX_BYTES,
+                       help=f"tensor mode refuses past this (default {DEFAULT_MAX_BYTES})")  # fmt: skip
+
+    def run(self, args: argparse.Namespace) -> int:
+        if args.out.exists():
+            raise PrecisionError(f"{args.out}: already exists: pass a new folder for the dump")
+        with _loaded(args, args.model_path, args.device, args.dtype) as loaded:
+            ids = _input_ids(args, loaded)
+            _dump(loaded, ids, args.out, args.mode, args.with_inputs, args.max_bytes,
+                  {"seed": args.seed, "requested_dtype": args.dtype})  # fmt: skip
+        print(json.dumps({"dump": str(args.out), "tokens": len(ids)}))
+        return EXIT.OK
+
+
+def reference_dtype(model_path: Path) -> str:
+    """float64 for a model under 1 GB of weights at float64, else float32."""
+    from .multi.fit import checkpoint_bytes
+
+    need = checkpoint_bytes(model_path, "float64")
+    return "float64" if need is not None and need < FLOAT64_REFERENCE_BELOW else "float32"
+
+
+class CheckCommand:
+    """``pypto-precision check``: target vs reference logits, teacher-forced, and the first
+    diverging module when they fail."""
+
+    name = "check"
+    help = "target device/dtype vs a trusted reference: teacher-forced logits and the module"
+
+    def configure(self, p: argparse.ArgumentParser) -> None:
+        p.description = (
+            "Compare the target (--device, --dtype) with a trusted reference (default: CPU, "
+            "float64 under 1 GB of weights, else float32), teacher-forced over --gen steps of "
+            "the reference's greedy tokens, judged against the noise floor (the target's "
+            "dtype on the reference device). On a failure, every module is dumped and the "
+            "first diverging one named. Exit 0 pass, 100 diverged."
+        )
+        _common(p)
+        p.add_argument("--device", default="cpu", help="the target device")
+        p.add_argument("--dtype", default="float32", help="the target dtype")
+        p.add_argument("--gen", type=_positive, default=8, help="teacher-forced steps (default 8)")
+        p.add_argument("--reference-device", default="cpu")
+        p.add_argument("--reference-dtype", default="auto", help="auto: float64 under 1 GB")
+        p.add_argument("--reference-model-path", type=Path,
+                       help="another folder with the same weights (e.g. the original code)")  # fmt: skip
+        p.add_argument("--k", type=_k, default=DEFAULT_K, help="pass within k x the floor")
+        p.add_argument("--out", type=Path, default=Path("precision-check"),
+                       help="where check.json, check.md and the module compare go")  # fmt: skip
+        p.add_argument("--locate", action="store_true",
+                       help="dump and compare every module even when the logits pass")  # fmt: skip
+        p.add_argument("--json", action="store_true", help="print check.json on stdout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        import torch
+
+        if args.out.exists() and any(args.out.iterdir()):
+            raise PrecisionError(f"{args.out}: exists and is not empty: pass a new --out")
+        ref_path = args.reference_model_path or args.model_path
+        ref_dtype = args.reference_dtype
+        if ref_dtype == "auto":
+            try:
+                ref_dtype = reference_dtype(ref_path)
+            except BenchError as err:
+                raise _precision_error(err) from err
+        # 1. the reference: its greedy tokens, then its logits over prompt + tokens
+        with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
+            ids = _input_ids(args, ref)
+            device = next(ref.model.parameters()).device
+            with torch.no_grad():
+                out = ref.model.generate(
+                    torch.tensor([ids], device=device), max_new_tokens=args.gen,
+                    do_sample=False, min_new_tokens=args.gen,
+                )  # fmt: skip
+            full = out[0].tolist()
+            ref_logits = _logits(ref, full, len(ids))
+        # 2. the target, and 3. the floor (the target's dtype on the reference device)
+        with _loaded(args, args.model_path, args.device, args.dtype) as target:
+            tgt_logits = _logits(target, full, len(ids))
+        # The floor is the *trusted* model in the target's dtype on the reference device:
+        # the reference folder, never the target's (a wrong target would excuse itself).
+        same_place = args.reference_device == args.device and ref_path == args.model_path
+        if same_place:
+            floor_logits = tgt_logits
+        else:
+            with _loaded(args, ref_path, args.reference_device, args.dtype) as floor:
+                floor_logits = _logits(floor, full, len(ids))
+        metrics = logit_metrics(tgt_logits, ref_logits)
+        floor_metrics = logit_metrics(floor_logits, ref_logits)
+        verdict = judge_logits(metrics, args.dtype, floor=floor_metrics, k=args.k)
+        report: dict[str, Any] = {
+            "format": "pypto-precision-check", "version": 1, "ok": verdict.ok,
+            "target": {"model": str(args.model_path), "device": args.device, "dtype": args.dtype},
+            "reference": {"model": str(ref_path), "device": args.reference_device,
+                          "dtype": ref_dtype},
+            "floor": {"model": str(ref_path), "device": args.reference_device,
+                      "dtype": args.dtype, "same_as_target": same_place},
+            "input_ids": ids, "teacher_tokens": full[len(ids):],
+            "logits": verdict.to_dict(), "floor_logits": floor_metrics.to_dict(),
+            "first_divergent": None,
+        }  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not verdict.ok or args.locate:
+            report["first_divergent"], report["module_compare"] = self._locate(
+                args, ref_path, ref_dtype, ids
+            )
+        atomic_write_text(args.out / "check.json", json.dumps(report, indent=1, allow_nan=False))
+        atomic_write_text(args.out / "check.md", _markdown(report))
+        if args.json:
+            print(json.dumps(report, indent=1, allow_nan=False))
+        first = report["first_divergent"]
+        line = ("pass: " if verdict.ok else "DIVERGED: ") + verdict.why
+        if first:
+            line += f"; first diverging module: {first}"
+        print(f"pypto-precision: {line}", file=sys.stderr)
+        return EXIT.OK if verdict.ok else EXIT.DIVERGED
+
+    def _locate(self, args: argparse.Namespace, ref_path: Path, ref_dtype: str,
+                ids: list[int]) -> tuple[str | None, str]:  # fmt: skip
+        """Dump target, reference and floor (tensor mode, the prompt) and compare them."""
+        dumps = args.out / "dumps"
+        sides = {
+            "reference": (ref_path, args.reference_device, ref_dtype),
+            "target": (args.model_path, args.device, args.dtype),
+            "floor": (ref_path, args.reference_device, args.dtype),
+        }
+        for name, (path, device, dtype) in sides.items():
+            with _loaded(args, path, device, dtype) as loaded:
+                _dump(loaded, ids, dumps / name, "tensor", False, DEFAULT_MAX_BYTES,
+                      {"seed": args.seed, "side": name})  # fmt: skip
+        from pypto_precision import Rule
+
+        result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
+                               floor=read_dump(dumps / "floor"), rule=Rule(k=args.k))  # fmt: skip
+        write_reports(result, args.out / "modules")
+        log.info("modules: %s", summary_line(result))
+        first = result.first_divergent
+        return (first.module if first else None), str(args.out / "modules" / "compare.md")
+
+
+def _logits(loaded: Any, full: list[int], prompt: int) -> Any:
+    """Logits predicting each teacher token: positions prompt-1 .. len(full)-2, float32."""
+    import torch
+
+    device = next(loaded.model.parameters()).device
+    with torch.no_grad():
+        out = loaded.model(input_ids=torch.tensor([full], device=device), use_cache=False)
+    return out.logits[0, prompt - 1 : len(full) - 1].float().cpu()
+
+
+def _markdown(report: dict[str, Any]) -> str:
+    lg = report["logits"]
+    m = lg["metrics"]
+    lines = [
+        "# pypto-precision check",
+        "",
+        f"**{'pass' if report['ok'] else 'DIVERGED'}**: {lg['why']}",
+        "",
+        f"- target: {report['target']}",
+        f"- reference: {report['reference']}",
+        f"- noise floor: {report['floor']} (KL max {report['floor_logits']['kl_max']})",
+        f"- teacher-forced steps: {m['steps']}; KL mean {m['kl_mean']}, p99 {m['kl_p99']}, max "
+        f"{m['kl_max']}; top-1 agreement {m['top1_agreement']:.1%}; max |delta log-prob| "
+        f"{m['max_abs_dlogprob']}; greedy prefix {m['greedy_prefix']}",
+    ]
+    if report.get("first_divergent") is not None or report.get("module_compare"):
+        lines.append(f"- first diverging module: {report.get('first_divergent')} "
+                     f"(see {report.get('module_compare')})")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+DUMP = DumpCommand()
+CHECK = CheckCommand()

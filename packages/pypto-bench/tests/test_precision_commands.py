@@ -1,0 +1,108 @@
+"""``pypto-precision dump`` and ``check`` (registered by pypto-bench through the
+``pypto_precision.commands`` entry point) on a real tiny Llama folder: a correct port passes
+against the noise floor, a planted wrong weight fails and is named at its module, bad
+inputs are one line with the documented codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from pypto_precision import EXIT, read_dump
+from pypto_precision.cli import main
+from pypto_testing.models import make_tiny_model
+
+CLI = shutil.which("pypto-precision", path=str(Path(sys.executable).parent))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("precision") / "tiny", num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def planted(tiny, tmp_path_factory) -> Path:
+    """The same folder with one weight loaded 1% wrong (layer 1's MLP down projection)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("planted") / "tiny"
+    shutil.copytree(tiny, folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["model.layers.1.mlp.down_proj.weight"] *= 1.01
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_the_commands_are_registered_in_the_real_console_script(tmp_path):
+    assert CLI is not None
+    done = subprocess.run([CLI, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0
+    assert "check" in done.stdout
+    assert "dump" in done.stdout
+
+
+def test_a_correct_port_passes_fp32_and_bf16(tiny, tmp_path, capsys):
+    assert main(["check", "--model-path", str(tiny), "--out", str(tmp_path / "fp32")]) == EXIT.OK
+    report = json.loads((tmp_path / "fp32" / "check.json").read_text())
+    assert report["reference"]["dtype"] == "float64"  # a tiny model: the float64 reference
+    assert report["logits"]["metrics"]["kl_max"] < 1e-9
+    assert report["logits"]["metrics"]["top1_agreement"] == 1.0
+    code = main(["check", "--model-path", str(tiny), "--dtype", "bfloat16", "--locate",
+                 "--out", str(tmp_path / "bf16")])  # fmt: skip
+    assert code == EXIT.OK
+    report = json.loads((tmp_path / "bf16" / "check.json").read_text())
+    assert report["logits"]["floor"] is not None  # judged against bf16's own error
+    assert report["first_divergent"] is None  # every module within k x its floor
+    assert (tmp_path / "bf16" / "modules" / "compare.html").is_file()
+    capsys.readouterr()
+
+
+def test_a_planted_wrong_weight_fails_and_names_its_module(tiny, planted, tmp_path, capsys):
+    out = tmp_path / "check"
+    code = main(["check", "--model-path", str(planted), "--reference-model-path", str(tiny),
+                 "--out", str(out), "--json"])  # fmt: skip
+    assert code == EXIT.DIVERGED
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert report["first_divergent"] == "model.layers.1.mlp.down_proj#0"
+    assert (
+        "first diverging module: model.layers.1.mlp.down_proj#0" in (out / "check.md").read_text()
+    )
+
+
+def test_dump_then_compare_names_the_module(tiny, planted, tmp_path, capsys):
+    for name, folder in (("ref", tiny), ("bad", planted)):
+        code = main(["dump", "--model-path", str(folder), "--mode", "tensor",
+                     "--out", str(tmp_path / name)])  # fmt: skip
+        assert code == EXIT.OK
+    assert read_dump(tmp_path / "ref").meta["model"]["class"] == "LlamaForCausalLM"
+    capsys.readouterr()
+    code = main(["compare", str(tmp_path / "bad"), str(tmp_path / "ref"), "--json"])
+    assert code == EXIT.DIVERGED
+    result = json.loads(capsys.readouterr().out)
+    assert result["first_divergent"]["module"] == "model.layers.1.mlp.down_proj#0"
+
+
+def test_bad_inputs_are_one_line(tiny, tmp_path, capsys):
+    (tmp_path / "exists").mkdir()
+    cases = [
+        (["dump", "--model-path", str(tiny), "--out", str(tmp_path / "exists")], EXIT.FAILED),
+        (["dump", "--model-path", str(tmp_path / "nope"), "--out", str(tmp_path / "d")], EXIT.USAGE),
+        (["check", "--model-path", str(tiny), "--dtype", "int3", "--out", str(tmp_path / "c")],
+         EXIT.USAGE),
+        (["check", "--model-path", str(tiny), "--k", "-1"], EXIT.USAGE),
+    ]  # fmt: skip
+    for argv, want in cases:
+        capsys.readouterr()
+        assert main(argv) == want, argv
+        err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+        assert len(err) == 1, (argv, err)
+    assert not (tmp_path / "d").exists()
+    assert not (tmp_path / "c").exists()
