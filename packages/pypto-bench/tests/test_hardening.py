@@ -316,6 +316,11 @@ def test_write_report_into_a_read_only_folder_falls_back(tmp_path):
         ('{"a":' * 100_000 + "1" + "}" * 100_000, "nested too deeply"),
         (b"\xff\xfe{", "unreadable"),
         ("[1, 2]", "not an object"),
+        # NaN / Infinity (Python's json reads them; a NaN rms_norm_eps gave NaN logits whose
+        # argmax "matched" eager) and a number past a float's range
+        ('{"model_type": "llama", "rms_norm_eps": NaN}', "holds NaN, not a number"),
+        ('{"model_type": "llama", "rope_theta": Infinity}', "holds Infinity, not a number"),
+        ('{"model_type": "llama", "rope_theta": 1e999}', "beyond a float's range"),
     ],
 )
 def test_hostile_config_json_is_one_line_bad_input(tiny_llama, tmp_path, capsys, content, needle):

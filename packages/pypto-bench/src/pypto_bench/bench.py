@@ -314,6 +314,18 @@ def _sweep_entry(batch: int, run: Report) -> dict[str, Any]:
 
 
 def _check_agreement(ctx: Context, report: Report, tokens: dict[str, Any]) -> None:
+    eager = next((a for a in report.arms if a.name == Arm.EAGER), None)
+    if eager is not None and not eager.ok and "NonFiniteLogitsError" in (eager.error or ""):
+        # The same model computes NaN in every arm; a captured arm's argmax of NaN would
+        # "match" and its ratio be quoted. Non-finite logits fail every arm, always.
+        for arm in report.arms:
+            if arm.ok and arm.name != Arm.EAGER:
+                arm.ok = False
+                arm.error = (
+                    "NonFiniteLogitsError: not comparable: the eager arm's logits hold NaN or "
+                    "+inf, so this arm's tokens are the argmax of no answer"
+                )
+        return
     # An arm whose outputs differ by design (the static MoE proxy) gets no verdict: a
     # "mismatch" there would say nothing about capture.
     others = [

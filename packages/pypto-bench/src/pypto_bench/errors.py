@@ -22,6 +22,7 @@ __all__ = [
     "ModelLoadError",
     "ModelNotFoundError",
     "NoTensorParallelPlanError",
+    "NonFiniteLogitsError",
     "PluginError",
     "RankFailedError",
     "RegimeNotSupportedError",
@@ -131,6 +132,10 @@ class GenerationError(BenchError):
     """Generation raised or produced non-finite logits."""
 
     exit_code = EXIT.GENERATION_FAILED
+
+
+class NonFiniteLogitsError(GenerationError):
+    """The model's logits hold NaN or +inf: no arm of it computes a comparable answer."""
 
 
 class DegenerateOutputError(BenchError):

@@ -8,13 +8,12 @@ names the flag instead of transformers' multi-line prompt.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pypto_common import redact
+from pypto_common import UntrustedFileError, loads_bounded, read_regular_file, redact
 
 from .config import DTYPES
 from .errors import (
@@ -26,6 +25,10 @@ from .errors import (
 )
 
 log = logging.getLogger(__name__)
+
+#: config.json past this many bytes is refused (the largest real ones, VL models with
+#: long preprocessor blocks, are under 200 KB).
+MAX_CONFIG_BYTES = 16 << 20
 
 __all__ = [
     "CAUSAL_LM",
@@ -95,7 +98,23 @@ def read_model_config(path: Path) -> dict[str, Any]:
     """
     where = path / "config.json"
     try:
-        data = json.loads(where.read_text(encoding="utf-8"))
+        # A regular file, bounded, and no NaN / Infinity: a config whose rms_norm_eps is NaN
+        # computed NaN logits whose argmax still "matched" eager token for token.
+        data = loads_bounded(read_regular_file(where, MAX_CONFIG_BYTES))
+    except UntrustedFileError as err:
+        why = " ".join(str(err).split())[:200]
+        if "levels deep" in why:
+            raise ModelNotFoundError(
+                f"{where} is nested too deeply to be a model config: re-download the model"
+            ) from err
+        if "not UTF-8" in why or "not valid JSON" in why:
+            raise ModelNotFoundError(
+                f"{where} is unreadable ({why}): re-download the model"
+            ) from err
+        raise ModelNotFoundError(
+            f"{where} {why}: a model config must be a plain file of finite JSON; fix the value "
+            "or re-download the model"
+        ) from err
     except RecursionError as err:
         raise ModelNotFoundError(
             f"{where} is nested too deeply to be a model config: re-download the model"

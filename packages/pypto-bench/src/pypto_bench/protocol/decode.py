@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..config import Arm, BenchConfig, Regime
+from ..errors import NonFiniteLogitsError
 from ..measure import count_tokens, summarize, summarize_seconds
 from ..report import ArmResult
 from .base import Context, Memory, RegimeProtocol, mitigation_details, tick, timed
@@ -40,17 +41,28 @@ DecodeIteration = Callable[[], tuple[Any, float, float]]
 
 
 class FirstLogitsStamp:
-    """Logits processor that records when the prefill's logits exist (synchronized)."""
+    """Logits processor that records when the prefill's logits exist (synchronized), and
+    whether any step's logits were non-finite.
+
+    Why the second: the argmax of NaN logits is a token too, so a model that computes NaN
+    (a NaN ``rms_norm_eps``, an fp16 overflow) "matched" its own other arms token for token.
+    The flag is a device tensor or-ed each step (no host sync in the loop), read once after
+    the generate.
+    """
 
     def __init__(self, device: Any, synchronize: Callable[[Any], None]) -> None:
         self.device = device
         self.synchronize = synchronize
         self.stamp: float | None = None
+        self.nonfinite: Any = None
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         if self.stamp is None:
             self.synchronize(self.device)
             self.stamp = time.perf_counter()
+        # -inf is a processor's mask (min_new_tokens bans EOS that way): NaN and +inf are not.
+        bad = scores.isnan().any() | scores.isposinf().any()
+        self.nonfinite = bad if self.nonfinite is None else self.nonfinite | bad
         return scores
 
 
@@ -85,6 +97,12 @@ def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[A
         synchronize(ctx.device)
         end = time.perf_counter()
     assert stamp.stamp is not None
+    if stamp.nonfinite is not None and bool(stamp.nonfinite):
+        raise NonFiniteLogitsError(
+            "the logits hold NaN or +inf (non-finite logits fail an arm, always: their argmax "
+            "is no answer); check the config's numbers (e.g. rms_norm_eps) and the dtype "
+            "(float16 overflows where bfloat16 does not)"
+        )
     return out[:, ctx.input_ids.shape[1] :], stamp.stamp - start, end - stamp.stamp
 
 
