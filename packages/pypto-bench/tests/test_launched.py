@@ -227,27 +227,43 @@ def test_an_unreachable_rendezvous_is_named_within_the_timeout(tiny: Path) -> No
     assert "within 3 s" in line
 
 
-def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path) -> None:
+def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path, tmp_path: Path) -> None:
     """SIGKILL one rank mid-run: the other fails its next collective and exits (bounded by
     --rank-timeout); no process of the step is left.
 
-    ``--no-baseline``: both ranks go straight to the sharded measurement, so the kill lands
-    while both are iterating. (With the 1-rank baseline, rank 0 spends the first 20000 steps
-    alone, touching no collective: on a slow machine the kill landed there and rank 0 noticed
-    only when its baseline ended, 80 s later.)"""
+    Mid-run means both ranks have loaded their shards and are iterating: the test waits for
+    both to say their weights are loaded (a fixed sleep landed the kill during loading on a
+    busy machine), skips the 1-rank baseline (``--no-baseline``: rank 0 would spend the
+    first steps alone, touching no collective), then gives them two seconds of steps."""
     port = free_port()
     args = [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
             "--iters", "20000", "--rank-timeout", "10", "--no-baseline"]  # fmt: skip
-    procs = [_start(args, _slurm(r, 2, port)) for r in (0, 1)]
+    logs = [tmp_path / f"rank{r}.err" for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            args,
+            env=_slurm(r, 2, port),
+            stdout=subprocess.DEVNULL,
+            stderr=logs[r].open("w"),
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
-        time.sleep(8)  # both loaded and iterating (20000 steps: far longer than the test)
+        deadline = time.monotonic() + 120
+        while not all("100%" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text()[-500:] for log in logs]
+            assert procs[0].poll() is None, logs[0].read_text()[-2000:]
+            assert procs[1].poll() is None, logs[1].read_text()[-2000:]
+            time.sleep(0.2)
+        time.sleep(2)  # both iterating (20000 steps: far longer than the test)
         assert procs[0].poll() is None
-        assert procs[1].poll() is None
         procs[1].send_signal(signal.SIGKILL)
         started = time.monotonic()
-        _, err = procs[0].communicate(timeout=90)
+        procs[0].wait(timeout=90)
         assert time.monotonic() - started < 60
         assert procs[0].returncode != 0
+        err = logs[0].read_text()
         assert len([ln for ln in err.splitlines() if ln.startswith("pypto-bench: error:")]) == 1
     finally:
         _reap(procs)
