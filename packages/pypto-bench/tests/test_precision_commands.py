@@ -106,3 +106,19 @@ def test_bad_inputs_are_one_line(tiny, tmp_path, capsys):
         assert len(err) == 1, (argv, err)
     assert not (tmp_path / "d").exists()
     assert not (tmp_path / "c").exists()
+
+
+def test_replay_inputs_tells_the_module_wrong_on_its_own(tiny, planted, tmp_path, capsys):
+    """Accumulated, every module after the wrong weight fails too; replayed on the target's
+    own inputs, only the wrong one does."""
+    out = tmp_path / "replay"
+    code = main(["check", "--model-path", str(planted), "--reference-model-path", str(tiny),
+                 "--replay-inputs", "--out", str(out)])  # fmt: skip
+    assert code == EXIT.DIVERGED
+    report = json.loads((out / "check.json").read_text())
+    assert report["first_wrong_on_its_own"] == "model.layers.1.mlp.down_proj#0"
+    accumulated = json.loads((out / "modules" / "compare.json").read_text())
+    local = json.loads((out / "local" / "compare.json").read_text())
+    assert accumulated["failed"] > 1
+    assert local["failed"] == 1
+    assert "wrong on its own: model.layers.1.mlp.down_proj#0" in capsys.readouterr().err

@@ -196,3 +196,25 @@ def test_rule_constants_and_k():
     assert rule.allowed("bfloat16", None) == rule.default_allowed["bfloat16"]
     with pytest.raises(ValueError):
         Rule(k=float("inf"))
+
+
+def test_replay_names_only_the_module_wrong_on_its_own(fp32_model, tmp_path):
+    """Accumulated, every output after a 1% error in one projection fails; replaying the
+    float64 reference's leaf modules on the target's own inputs fails that projection only."""
+    from pypto_precision import replay_local_errors
+
+    down = fp32_model.model.layers[1].mlp.down_proj
+    handle = down.register_forward_hook(lambda m, a, out: out * 1.01)
+    try:
+        bad = _dump(fp32_model, tmp_path / "bad", with_inputs=True)
+    finally:
+        handle.remove()
+    floor = _dump(fp32_model, tmp_path / "floor", with_inputs=True)
+    reference = _model(torch.float64)
+    accumulated = compare_dumps(bad, _dump(reference, tmp_path / "ref"), floor=floor)
+    assert len([r for r in accumulated.failed if r.io == "output"]) > 1
+    local = replay_local_errors(reference, bad, floor=floor)
+    assert [r.module for r in local.failed] == ["model.layers.1.mlp.down_proj#0"]
+    assert len(local.rows) >= 6 * LAYERS  # projections, norms, activations replayed
+    with pytest.raises(NotComparableError, match="with inputs"):
+        replay_local_errors(reference, _dump(fp32_model, tmp_path / "no-inputs"))

@@ -33,10 +33,12 @@ from pypto_precision import (
     MODES,
     PrecisionError,
     Recorder,
+    Rule,
     compare_dumps,
     judge_logits,
     logit_metrics,
     read_dump,
+    replay_local_errors,
     summary_line,
     write_reports,
 )
@@ -224,6 +226,10 @@ class CheckCommand:
                        help="where check.json, check.md and the module compare go")  # fmt: skip
         p.add_argument("--locate", action="store_true",
                        help="dump and compare every module even when the logits pass")  # fmt: skip
+        p.add_argument("--replay-inputs", action="store_true",
+                       help="also re-run each leaf module of the reference on the target's "
+                       "own inputs: the module wrong on its own, not only where error "
+                       "accumulates")  # fmt: skip
         p.add_argument("--json", action="store_true", help="print check.json on stdout")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -275,10 +281,12 @@ class CheckCommand:
             "first_divergent": None,
         }  # fmt: skip
         args.out.mkdir(parents=True, exist_ok=True)
-        if not verdict.ok or args.locate:
-            report["first_divergent"], report["module_compare"] = self._locate(
+        if not verdict.ok or args.locate or args.replay_inputs:
+            report["first_divergent"], report["module_compare"], local = self._locate(
                 args, ref_path, ref_dtype, ids
             )
+            if local is not None:
+                report["first_wrong_on_its_own"], report["local_compare"] = local
         atomic_write_text(args.out / "check.json", json.dumps(report, indent=1, allow_nan=False))
         atomic_write_text(args.out / "check.md", _markdown(report))
         if args.json:
@@ -287,12 +295,15 @@ class CheckCommand:
         line = ("pass: " if verdict.ok else "DIVERGED: ") + verdict.why
         if first:
             line += f"; first diverging module: {first}"
+        if report.get("first_wrong_on_its_own"):
+            line += f"; wrong on its own: {report['first_wrong_on_its_own']}"
         print(f"pypto-precision: {line}", file=sys.stderr)
         return EXIT.OK if verdict.ok else EXIT.DIVERGED
 
     def _locate(self, args: argparse.Namespace, ref_path: Path, ref_dtype: str,
-                ids: list[int]) -> tuple[str | None, str]:  # fmt: skip
-        """Dump target, reference and floor (tensor mode, the prompt) and compare them."""
+                ids: list[int]) -> tuple[str | None, str, tuple[str | None, str] | None]:  # fmt: skip
+        """Dump target, reference and floor (tensor mode, the prompt) and compare them; with
+        ``--replay-inputs`` also replay the reference's leaf modules on the target's inputs."""
         dumps = args.out / "dumps"
         sides = {
             "reference": (ref_path, args.reference_device, ref_dtype),
@@ -301,16 +312,24 @@ class CheckCommand:
         }
         for name, (path, device, dtype) in sides.items():
             with _loaded(args, path, device, dtype) as loaded:
-                _dump(loaded, ids, dumps / name, "tensor", False, DEFAULT_MAX_BYTES,
-                      {"seed": args.seed, "side": name})  # fmt: skip
-        from pypto_precision import Rule
-
+                _dump(loaded, ids, dumps / name, "tensor", args.replay_inputs,
+                      DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip
         result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
                                floor=read_dump(dumps / "floor"), rule=Rule(k=args.k))  # fmt: skip
         write_reports(result, args.out / "modules")
         log.info("modules: %s", summary_line(result))
         first = result.first_divergent
-        return (first.module if first else None), str(args.out / "modules" / "compare.md")
+        local = None
+        if args.replay_inputs:
+            with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
+                replayed = replay_local_errors(ref.model, read_dump(dumps / "target"),
+                                               floor=read_dump(dumps / "floor"),
+                                               rule=Rule(k=args.k))  # fmt: skip
+            write_reports(replayed, args.out / "local")
+            log.info("local (replayed inputs): %s", summary_line(replayed))
+            wrong = replayed.first_divergent
+            local = (wrong.module if wrong else None), str(args.out / "local" / "compare.md")
+        return (first.module if first else None), str(args.out / "modules" / "compare.md"), local
 
 
 def _logits(loaded: Any, full: list[int], prompt: int) -> Any:
@@ -338,6 +357,9 @@ def _markdown(report: dict[str, Any]) -> str:
         f"{m['kl_max']}; top-1 agreement {m['top1_agreement']:.1%}; max |delta log-prob| "
         f"{m['max_abs_dlogprob']}; greedy prefix {m['greedy_prefix']}",
     ]
+    if "local_compare" in report:
+        lines.append(f"- first module wrong on its own (replayed on the target's inputs): "
+                     f"{report.get('first_wrong_on_its_own')} (see {report['local_compare']})")  # fmt: skip
     if report.get("first_divergent") is not None or report.get("module_compare"):
         lines.append(f"- first diverging module: {report.get('first_divergent')} "
                      f"(see {report.get('module_compare')})")  # fmt: skip

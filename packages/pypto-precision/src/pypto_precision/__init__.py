@@ -21,6 +21,7 @@ from .logits import LogitCheck, LogitMetrics, judge_logits, logit_metrics
 from .metrics import stats_metrics, tensor_metrics
 from .msprobe import write_msprobe
 from .reader import Dump
+from .replay import replay_local_errors
 from .report import render_html, render_markdown, summary_line, write_reports
 from .rule import DEFAULT_ALLOWED, DEFAULT_K, MIN_ALLOWED, Rule, Verdict
 from .stats import tensor_stats
@@ -53,6 +54,7 @@ __all__ = [
     "read_dump",
     "render_html",
     "render_markdown",
+    "replay_local_errors",
     "stats_metrics",
     "summary_line",
     "tensor_metrics",
