@@ -122,3 +122,47 @@ def test_replay_inputs_tells_the_module_wrong_on_its_own(tiny, planted, tmp_path
     assert accumulated["failed"] > 1
     assert local["failed"] == 1
     assert "wrong on its own: model.layers.1.mlp.down_proj#0" in capsys.readouterr().err
+
+
+class _OnePercent:
+    """A broken kernel plug-in: its "fused MLP" of layer 1 is 1% off."""
+
+    name = "broken_mlp"
+
+    def applies_to(self, model):
+        return hasattr(model, "model")
+
+    def enable(self, model):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def on():
+            mlp = model.model.layers[1].mlp
+            handle = mlp.register_forward_hook(lambda m, a, out: out * 1.01)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+        return on()
+
+    def report(self):
+        return {}
+
+
+def test_a_broken_kernel_plugin_is_caught_with_kernels(tiny, tmp_path, capsys):
+    import pypto_bench
+
+    plugin = _OnePercent()
+    pypto_bench.register_plugin(plugin)  # the library hook: treated as an installed entry point
+    try:
+        code = main(["check", "--model-path", str(tiny), "--kernels", "--out", str(tmp_path / "k")])
+        assert code == EXIT.DIVERGED
+        report = json.loads((tmp_path / "k" / "check.json").read_text())
+        assert report["target"]["kernels"] == ["broken_mlp"]
+        assert report["first_divergent"] == "model.layers.1.mlp#0"
+        # without --kernels the same folder passes: the plug-in is the culprit
+        assert main(["check", "--model-path", str(tiny), "--out", str(tmp_path / "plain")]) == 0
+    finally:
+        pypto_bench.unregister_plugin(plugin)
+    capsys.readouterr()

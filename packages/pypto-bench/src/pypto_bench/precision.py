@@ -21,7 +21,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,25 @@ def _loaded(args: argparse.Namespace, path: Path, device: str, dtype: str) -> It
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@contextmanager
+def _kernels(args: argparse.Namespace, loaded: Any) -> Iterator[list[str]]:
+    """With ``--kernels``: every applicable ``pypto.kernels`` plug-in switched on around the
+    target (the pypto+graph arm's kernels, run eagerly: no capture to blame)."""
+    if not getattr(args, "kernels", False):
+        yield []
+        return
+    from .plugins import applicable_plugins
+
+    try:
+        plugins = applicable_plugins(loaded.model)
+    except BenchError as err:
+        raise _precision_error(err) from err
+    with ExitStack() as stack:
+        for plugin in plugins:
+            stack.enter_context(plugin.enable(loaded.model))
+        yield [str(p.name) for p in plugins]
 
 
 def _input_ids(args: argparse.Namespace, loaded: Any) -> list[int]:
@@ -230,6 +249,9 @@ class CheckCommand:
                        help="also re-run each leaf module of the reference on the target's "
                        "own inputs: the module wrong on its own, not only where error "
                        "accumulates")  # fmt: skip
+        p.add_argument("--kernels", action="store_true",
+                       help="switch on every applicable pypto.kernels plug-in on the target "
+                       "(the pypto+graph arm's kernels, run eagerly)")  # fmt: skip
         p.add_argument("--json", action="store_true", help="print check.json on stdout")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -256,11 +278,16 @@ class CheckCommand:
             full = out[0].tolist()
             ref_logits = _logits(ref, full, len(ids))
         # 2. the target, and 3. the floor (the target's dtype on the reference device)
-        with _loaded(args, args.model_path, args.device, args.dtype) as target:
+        with (
+            _loaded(args, args.model_path, args.device, args.dtype) as target,
+            _kernels(args, target) as kernels,
+        ):
             tgt_logits = _logits(target, full, len(ids))
         # The floor is the *trusted* model in the target's dtype on the reference device:
         # the reference folder, never the target's (a wrong target would excuse itself).
-        same_place = args.reference_device == args.device and ref_path == args.model_path
+        same_place = (
+            args.reference_device == args.device and ref_path == args.model_path and not kernels
+        )
         if same_place:
             floor_logits = tgt_logits
         else:
@@ -271,7 +298,8 @@ class CheckCommand:
         verdict = judge_logits(metrics, args.dtype, floor=floor_metrics, k=args.k)
         report: dict[str, Any] = {
             "format": "pypto-precision-check", "version": 1, "ok": verdict.ok,
-            "target": {"model": str(args.model_path), "device": args.device, "dtype": args.dtype},
+            "target": {"model": str(args.model_path), "device": args.device, "dtype": args.dtype,
+                       "kernels": kernels},
             "reference": {"model": str(ref_path), "device": args.reference_device,
                           "dtype": ref_dtype},
             "floor": {"model": str(ref_path), "device": args.reference_device,
@@ -311,7 +339,13 @@ class CheckCommand:
             "floor": (ref_path, args.reference_device, args.dtype),
         }
         for name, (path, device, dtype) in sides.items():
-            with _loaded(args, path, device, dtype) as loaded:
+            target = name == "target"
+            with (
+                _loaded(args, path, device, dtype) as loaded,
+                _kernels(
+                    argparse.Namespace(kernels=target and getattr(args, "kernels", False)), loaded
+                ),
+            ):
                 _dump(loaded, ids, dumps / name, "tensor", args.replay_inputs,
                       DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip
         result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
