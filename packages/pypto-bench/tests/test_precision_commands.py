@@ -166,3 +166,18 @@ def test_a_broken_kernel_plugin_is_caught_with_kernels(tiny, tmp_path, capsys):
     finally:
         pypto_bench.unregister_plugin(plugin)
     capsys.readouterr()
+
+
+def test_the_reference_dtype_follows_the_weight_size(tiny, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from pypto_bench.precision import FLOAT64_REFERENCE_BELOW, reference_dtype
+
+    assert reference_dtype(tiny) == "float64"
+    big = tmp_path / "big"
+    shutil.copytree(tiny, big)
+    # bf16 weights of 0.6 GB: 1.2 GB at float64, over the 1 GB line (bf16 bytes alone are not)
+    n = int(0.6 * FLOAT64_REFERENCE_BELOW) // 2
+    save_file({"w": torch.zeros(n, dtype=torch.bfloat16)}, str(big / "model.safetensors"))
+    assert reference_dtype(big) == "float32"
