@@ -390,3 +390,33 @@ def test_smoke_gate_checks_llada2_text_coherence(llada2_dir, tmp_path):
     assert not demanding.passed
     assert demanding.exit_code == EXIT.LOW_COHERENCE
     assert demanding.generation_path == "block-cache, eager step"
+
+
+def test_the_graph_arm_is_refused_past_the_sliding_window(tmp_path):
+    """Past DiffusionGemma's sliding window transformers' static-cache generate (what the
+    graph arm captures) computes other tokens than its own generate, capture or not: the
+    graph arm at 59% token match was reported as a speedup. Refused in one line; eager runs."""
+    from pypto_testing.diffusion import diffusion_gemma_available, make_tiny_diffusion_gemma
+
+    reason = diffusion_gemma_available()
+    if reason:
+        pytest.skip(reason)
+    folder = make_tiny_diffusion_gemma(tmp_path / "w8", canvas_length=16, sliding_window=8)
+    report = run_bench(
+        BenchConfig(
+            model_path=str(folder),
+            regime="diffusion-generate",
+            seq=16,
+            gen=32,
+            block_length=16,
+            arms=("eager", "graph"),
+            diffusion_steps=8,
+            graph_backend="eager",
+            **SMALL,
+        )
+    )
+    assert report.arm("eager").ok
+    graph = report.arm("graph")
+    assert not graph.ok
+    assert "pass its sliding window (8)" in graph.error
+    assert "keep --seq + --gen <= 8" in graph.error
