@@ -42,6 +42,7 @@ from pypto_precision import (
     summary_line,
     write_reports,
 )
+from pypto_precision.cli import k_type
 
 from .errors import BadInputError, BenchError, EnvironmentMissingError
 from .loading import load_model
@@ -71,16 +72,6 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 0 < value <= 1 << 40:
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
-
-
-def _k(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive finite number")
     return value
 
 
@@ -245,7 +236,7 @@ class CheckCommand:
         p.add_argument("--reference-dtype", default="auto", help="auto: float64 under 1 GB")
         p.add_argument("--reference-model-path", type=Path,
                        help="another folder with the same weights (e.g. the original code)")  # fmt: skip
-        p.add_argument("--k", type=_k, default=DEFAULT_K, help="pass within k x the floor")
+        p.add_argument("--k", type=k_type, default=DEFAULT_K, help="pass within k x the floor")
         p.add_argument("--out", type=Path, default=Path("precision-check"),
                        help="where check.json, check.md and the module compare go")  # fmt: skip
         p.add_argument("--locate", action="store_true",

@@ -32,7 +32,7 @@ from .load import read_dump
 from .report import summary_line, write_reports
 from .rule import DEFAULT_K, Rule
 
-__all__ = ["COMMAND_GROUP", "main"]
+__all__ = ["COMMAND_GROUP", "k_type", "main"]
 
 PROG = "pypto-precision"
 #: Entry-point group through which pypto-bench adds ``dump`` and ``check``.
@@ -53,7 +53,8 @@ def _plugins() -> dict[str, Any]:
     return found
 
 
-def _k(text: str) -> float:
+def k_type(text: str) -> float:
+    """argparse type of ``--k``: a positive finite number (pypto-bench's ``check`` uses it)."""
     try:
         value = float(text)
     except ValueError:
@@ -81,7 +82,7 @@ def _parser(plugins: dict[str, Any]) -> argparse.ArgumentParser:
     cmp.add_argument("target", type=Path, help="the dump under test")
     cmp.add_argument("reference", type=Path, help="the trusted dump (e.g. CPU float64)")
     cmp.add_argument("--floor", type=Path, help="the target's dtype on the reference device")
-    cmp.add_argument("--k", type=_k, default=DEFAULT_K,
+    cmp.add_argument("--k", type=k_type, default=DEFAULT_K,
                      help=f"pass within k x the floor (default {DEFAULT_K:g})")  # fmt: skip
     cmp.add_argument("--out", type=Path, help="write compare.json/.md/.html into this folder")
     cmp.add_argument("--json", action="store_true", help="print compare.json on stdout")
