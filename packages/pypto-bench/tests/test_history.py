@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -182,6 +182,28 @@ def _hostile(kind: str, tmp_path: Path) -> Path:
         record(path, make_report(graph=STEADY))
         with _db(path) as con:
             con.execute("ALTER TABLE arms DROP COLUMN tok_s_high")
+    elif kind == "recursive-view":  # runs is an endless recursive query
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute("DROP TABLE runs")
+            con.execute(
+                "CREATE VIEW runs AS WITH RECURSIVE r(id) AS (SELECT 1 UNION ALL SELECT id + 1 "
+                "FROM r) SELECT id, '' AS recorded_at, '' AS created_at, '' AS model, "
+                "'' AS model_path_hash, '' AS model_class, '' AS regime, '' AS device, "
+                "'' AS dtype, 1 AS batch, 1 AS seq, 1 AS gen, '' AS torch, '' AS transformers, "
+                "'' AS host, 1 AS ok, 0 AS noisy, '' AS report FROM r"
+            )
+    elif kind == "trigger":  # each new record silently deleted every earlier run
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute(
+                "CREATE TRIGGER wipe AFTER INSERT ON runs BEGIN DELETE FROM arms WHERE "
+                "run_id < NEW.id; DELETE FROM runs WHERE id < NEW.id; END"
+            )
+    elif kind == "extra-table":
+        record(path, make_report(graph=STEADY))
+        with _db(path) as con:
+            con.execute("CREATE TABLE notes (x TEXT)")
     elif kind == "huge-row":
         record(path, make_report(graph=STEADY))
         with _db(path) as con:
@@ -210,6 +232,9 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
         ("other-version", "has schema version '99'"),
         ("missing-column", "lacks tok_s_high"),
         ("huge-row", "holds a row of"),
+        ("recursive-view", "holds a view 'runs'"),
+        ("trigger", "holds a trigger 'wipe'"),
+        ("extra-table", "holds a table 'notes'"),
     ],
 )
 def test_hostile_history_file_one_line_nothing_changed(tmp_path, capsys, kind, needle):
@@ -315,3 +340,61 @@ def test_run_records_into_history(tiny_llama, tmp_path, capsys):
     assert len(runs) == 1
     assert runs[0]["arms"][0]["arm"] == "eager"
     assert runs[0]["arms"][0]["tok_s_median"] > 0
+
+
+def test_a_first_write_killed_mid_transaction_is_rolled_back_not_called_malformed(tmp_path, capsys):
+    """The file switches to WAL after its first commit: a writer SIGKILLed inside the first
+    transaction leaves a hot rollback journal over half-written pages. Read as immutable it
+    was "database disk image is malformed ... pass a new path"; SQLite rolls it back."""
+    import signal
+    import subprocess
+    import sys
+
+    from pypto_bench import history
+
+    path = tmp_path / "h.db"
+    child = (
+        "import os, signal, sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "con.execute('PRAGMA cache_size = 2')\n"  # spill pages to the file before commit
+        "con.execute('BEGIN IMMEDIATE')\n"
+        f"for statement in {history._SCHEMA!r}.split(';'):\n"
+        "    if statement.strip():\n"
+        "        con.execute(statement)\n"
+        "for i in range(200):\n"
+        "    con.execute('INSERT INTO meta VALUES (?, ?)', ('k%d' % i, 'x' * 4000))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child, str(path)], timeout=60, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert Path(f"{path}-journal").stat().st_size > 0  # a hot journal over written pages
+    assert main(["history", "list", "--db", str(path)]) == EXIT.USAGE
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    assert "malformed" not in err[0]
+    assert "first write was stopped before it committed" in err[0]
+    # the writer starts it afresh, and the history then reads as usual
+    record(path, make_report(graph=STEADY))
+    assert main(["history", "list", "--db", str(path)]) == EXIT.OK
+    capsys.readouterr()
+
+
+def test_every_query_is_bounded(tmp_path, monkeypatch):
+    from pypto_bench import history
+
+    path = tmp_path / "h.db"
+    record(path, make_report(graph=STEADY))
+    monkeypatch.setattr(history, "QUERY_BUDGET_S", 0.5)
+    import sqlite3
+    import time
+
+    # an endless recursive query (what a planted view ran) ends at the connection's budget
+    start = time.monotonic()
+    with (
+        closing(history._connect(path, readonly=True)) as con,
+        pytest.raises(sqlite3.OperationalError, match="interrupted"),
+    ):
+        con.execute(
+            "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
+        ).fetchone()
+    assert time.monotonic() - start < 10

@@ -30,6 +30,7 @@ import os
 import sqlite3
 import stat
 import statistics
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
@@ -61,6 +62,17 @@ _TOOL = "pypto-bench-history"
 BUSY_TIMEOUT_S = 60.0
 #: A stored report or sample list larger than this is not something this tool wrote.
 MAX_ROW_BYTES = 16 * 2**20
+#: Every connection's statements together may run this long; past it SQLite interrupts
+#: them (a recursive view or a trigger planted in a history cannot spin forever).
+QUERY_BUDGET_S = 120.0
+# The schema objects this tool creates (sqlite_sequence comes with AUTOINCREMENT, the
+# autoindexes with the PRIMARY KEYs): anything else in a history file was put there by
+# someone else.
+_OBJECTS = {
+    ("table", "meta"), ("table", "runs"), ("table", "arms"), ("table", "sqlite_sequence"),
+    ("index", "arms_group"), ("index", "sqlite_autoindex_meta_1"),
+    ("index", "sqlite_autoindex_arms_1"),
+}  # fmt: skip
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _RUN_COLUMNS = (
@@ -163,6 +175,10 @@ def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = 
         raise HistoryError(
             f"history {p} is not a regular file (a FIFO, folder or device): {_fix(p)}"
         )
+    journal = Path(f"{p}-journal")
+    if journal.is_file() and not journal.is_symlink() and journal.stat().st_size > 0:
+        _roll_back(p, journal, create=create)  # before the header: it may be half-written
+        st = os.lstat(p)
     if st.st_size == 0:
         if create:
             return p
@@ -189,17 +205,46 @@ def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = 
     return p
 
 
+def _roll_back(path: Path, journal: Path, *, create: bool) -> None:
+    """A hot rollback journal beside ``path``: a writer was stopped inside its transaction
+    (the file switches to WAL only after its first commit). SQLite rolls it back on the
+    first read of a connection that may write, restoring the last committed state exactly
+    as the sqlite3 shell would; read as ``immutable`` instead, the half-written pages read
+    as "database disk image is malformed". A file left with no tables held no committed
+    run: a writer starts it afresh, a reader is told so."""
+    try:
+        with closing(_connect(path, readonly=False)) as con:
+            count = con.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as err:
+        raise HistoryError(
+            f"history {path} has an unfinished write ({journal.name}: a writer was stopped "
+            f"mid-transaction) that SQLite must roll back, and it could not here ({err}): "
+            "make the file and its folder writable and rerun; its committed runs are intact"
+        ) from None
+    if count == 0 and not create:
+        raise HistoryError(
+            f"history {path} holds no runs yet: its first write was stopped before it "
+            f"committed (rolled back now): `pypto-bench run ... --history {path}` starts it"
+        )
+    log.warning("history %s: rolled back a write that was stopped before it committed", path)
+
+
 def _connect(path: Path, *, readonly: bool, immutable: bool = False) -> sqlite3.Connection:
     uri = f"{path.absolute().as_uri()}?mode={'ro' if readonly else 'rwc'}"
     if immutable:
         uri += "&immutable=1"
     con = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     con.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    deadline = time.monotonic() + QUERY_BUDGET_S
+    # Called every 10000 VM steps: a non-zero answer interrupts the statement, and the
+    # interpreter gets control back (so a SIGTERM handler runs) while a query works.
+    con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
     return con
 
 
 def _validate(con: sqlite3.Connection, path: Path) -> None:
-    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    objects = {(str(r[0]), str(r[1])) for r in con.execute("SELECT type, name FROM sqlite_master")}
+    tables = {name for kind, name in objects if kind == "table"}
     if "meta" not in tables:
         raise HistoryError(
             f"history {path} is an SQLite file but not a pypto-bench history "
@@ -219,6 +264,14 @@ def _validate(con: sqlite3.Connection, path: Path) -> None:
             f"history {path} has schema version {meta.get('schema_version')!r}, this "
             f"pypto-bench reads version {SCHEMA_VERSION}: use the pypto-bench that wrote it "
             "or start a new history file"
+        )
+    foreign = sorted(objects - _OBJECTS)
+    if foreign:
+        kind, name = foreign[0]
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise HistoryError(
+            f"history {path} holds a {kind} {name[:60]!r}{more} that pypto-bench never "
+            f"creates (a view or trigger can rewrite or hide runs): {_fix(path)}"
         )
     for table, columns in (("runs", _RUN_COLUMNS), ("arms", _ARM_COLUMNS)):
         have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
