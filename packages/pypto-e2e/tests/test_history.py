@@ -76,7 +76,8 @@ def test_each_measurement_is_recorded_once(model: Path) -> None:
     assert (group["regime"], group["arm"], group["run_id"], group["earlier_runs"]) == (
         "prefill", "eager", 2, 1,
     )  # fmt: skip
-    assert group["verdict"] in ("ok", "regression")
+    # two measurements of a noisy CPU: whichever way they moved, the gate judged them
+    assert group["verdict"] in ("ok", "regression", "improvement")
     assert gate.returncode == (49 if verdict["regressed"] else 0)
 
 
