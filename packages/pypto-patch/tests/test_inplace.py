@@ -252,6 +252,12 @@ def _bad(tmp_path: Path, make_folder, case: str):
     if case == "integer too long":
         (folder / "config.json").write_text('{"a": ' + "9" * 5000 + "}")
         return folder, kwargs, ConfigError, "config.json is not usable JSON"
+    if case == "NaN in config":
+        (folder / "config.json").write_text('{"model_type": "llama", "rms_norm_eps": NaN}')
+        return folder, kwargs, ConfigError, "holds NaN, not a number"
+    if case == "number past a float in config":
+        (folder / "config.json").write_text('{"model_type": "llama", "rope_theta": 1e999}')
+        return folder, kwargs, ConfigError, "beyond a float's range"
     if case == "deeply nested tokenizer_config":
         (folder / "tokenizer_config.json").write_text('{"x": ' + "[" * 100_000 + "}")
         return folder, kwargs, ConfigError, "tokenizer_config.json is JSON nested too deeply"
@@ -289,6 +295,8 @@ BAD_CASES = [
     "deeply nested config",
     "deeply nested value in config",
     "integer too long",
+    "NaN in config",
+    "number past a float in config",
     "deeply nested tokenizer_config",
 ]
 

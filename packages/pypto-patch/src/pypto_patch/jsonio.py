@@ -41,7 +41,9 @@ def loads_limited(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except UnicodeDecodeError as err:
         raise JSONUnusable(f"not UTF-8 text ({err.reason} at byte {err.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_a_number, parse_float=_finite_float)
+    except JSONUnusable:
+        raise
     except RecursionError:
         raise JSONUnusable(
             f"JSON nested too deeply (more than the {MAX_JSON_DEPTH} levels any model config needs)"
@@ -57,6 +59,19 @@ def loads_limited(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
             f"JSON nested too deeply (more than the {max_depth} levels any model config needs)"
         )
     return data
+
+
+def _not_a_number(name: str) -> float:
+    # Python's json reads NaN / Infinity; a config holding them (rms_norm_eps: NaN) made a
+    # model whose every arm "matched" on the argmax of NaN logits.
+    raise JSONUnusable(f"holds {name}, not a number: a model config's numbers must be finite")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise JSONUnusable(f"holds the number {text[:20]}, beyond a float's range")
+    return value
 
 
 def json_depth(data: Any) -> int:
