@@ -115,6 +115,11 @@ REFUSED = [
     ({"num_experts_per_token": 9}, "num_experts_per_token 9 is not in 1..8", "re-download"),
     ({"num_expert_group": 3}, "do not divide its 8 experts", "re-download"),
     ({"moe_layer_freq": 0}, "moe_layer_freq is 0", "re-download"),
+    # absurd layer counts are bounded before anything is built from them (1e9 was a
+    # MemoryError traceback, 3e6 a 26 MB "one-line" error listing every layer)
+    ({"num_hidden_layers": 10**9}, "num_hidden_layers is 1000000000, more than the 1024", "hostile"),
+    ({"num_hidden_layers": 1000, "linear_attn_config": _lac(kda_layers=[1, 2])},
+     "in neither", "re-download"),
 ]  # fmt: skip
 
 
@@ -126,6 +131,7 @@ def test_what_the_native_classes_would_compute_differently_is_one_line(change, p
     assert problem in message
     assert fix in message
     assert "\n" not in message
+    assert len(message) < 600  # listed layers are clipped
 
 
 def test_native_config_dict_leaves_the_input_alone():

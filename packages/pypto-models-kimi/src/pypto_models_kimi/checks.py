@@ -62,13 +62,26 @@ def _int(config: Mapping[str, Any], key: str, *, minimum: int, default: Any = No
     return value
 
 
+#: The most layers a config may declare (the pipeline planner's rule: no model this tool
+#: loads has more).
+MAX_LAYERS = 1024
+
+
+def _clip(items: list[int], most: int = 8) -> str:
+    """A list for a one-line message: at most ``most`` items, then how many more."""
+    head = ", ".join(str(i) for i in items[:most])
+    return f"[{head}{f', ... {len(items) - most} more' if len(items) > most else ''}]"
+
+
 def _layer_list(lac: Mapping[str, Any], key: str, n: int) -> list[int]:
     value = lac.get(key)
     if not isinstance(value, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) and 1 <= i <= n for i in value
     ):
+        shown = repr(value)
+        shown = shown if len(shown) <= 120 else shown[:120] + f"... ({len(shown)} characters)"
         raise _fail(
-            f"config.json's linear_attn_config[{key!r}] is {value!r}, not a list of 1-based "
+            f"config.json's linear_attn_config[{key!r}] is {shown}, not a list of 1-based "
             f"layer numbers in 1..{n}"
         )
     return value
@@ -84,6 +97,12 @@ def layer_plan(config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     ``mlp_layer_types`` is given; when both forms are present they must agree. Raises ``KimiConfigError``.
     """
     n = _int(config, "num_hidden_layers", minimum=1)
+    if n > MAX_LAYERS:
+        # Bounded before anything is built from it: 1e9 layers was a MemoryError traceback.
+        raise _fail(
+            f"config.json's num_hidden_layers is {n}, more than the {MAX_LAYERS} any model "
+            "this tool loads has: a damaged or hostile config"
+        )
     lac = config.get("linear_attn_config")
     given = config.get("layer_types")
     if lac is not None:
@@ -96,7 +115,11 @@ def layer_plan(config: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         both = sorted(set(kda) & set(full))
         neither = sorted(set(range(1, n + 1)) - set(kda) - set(full))
         if both or neither or len(set(kda)) != len(kda) or len(set(full)) != len(full):
-            what = f"layer(s) {both} in both" if both else f"layer(s) {neither} in neither"
+            what = (
+                f"layer(s) {_clip(both)} in both"
+                if both
+                else f"layer(s) {_clip(neither)} in neither"
+            )
             if not both and not neither:
                 what = "a layer listed twice"
             raise _fail(
