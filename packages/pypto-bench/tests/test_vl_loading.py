@@ -324,6 +324,11 @@ def _hostile(kind: str, tmp: Path, png: Path) -> Path:
     if kind == "bomb":
         (tmp / "bomb.png").write_bytes(_png_header(100_000, 100_000))
         return tmp / "bomb.png"
+    if kind == "elongated":  # passes the size checks; Qwen2-VL's resize refused it mid-run
+        from PIL import Image
+
+        Image.new("RGB", (8000, 1), (200, 10, 10)).save(tmp / "line.png")
+        return tmp / "line.png"
     if kind == "missing":
         return tmp / "nope.png"
     raise AssertionError(kind)
@@ -337,6 +342,7 @@ def _hostile(kind: str, tmp: Path, png: Path) -> Path:
         ("not an image", "is not an image Pillow can read"),
         ("huge sparse", "over the 64 MiB limit"),
         ("bomb", "is too large to decode"),
+        ("elongated", "more elongated than the 200:1"),
         ("missing", "does not exist"),
     ],
 )

@@ -37,6 +37,7 @@ __all__ = [
     "BENCHED_TEXT",
     "DEFAULT_IMAGE_PROMPT",
     "IMAGE_FORMATS",
+    "MAX_ASPECT_RATIO",
     "MAX_IMAGE_BYTES",
     "MAX_IMAGE_PIXELS",
     "ImageFile",
@@ -53,6 +54,10 @@ MAX_IMAGE_BYTES = 64 * 2**20
 #: The largest decoded image (8192 x 8192): a small compressed file can expand to
 #: gigabytes of pixels (a decompression bomb); the header's size is checked before decoding.
 MAX_IMAGE_PIXELS = 8192 * 8192
+#: The most elongated image accepted (long side / short side): Qwen2-VL-style processors
+#: refuse past 200 ("absolute aspect ratio must be smaller than 200"), deep in the run
+#: as an "unexpected ValueError" with no report.
+MAX_ASPECT_RATIO = 200
 #: Raster formats Pillow decodes itself; EPS / PDF would run Ghostscript.
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
 #: The text of the image prompt when the caller gives none (smoke --image).
@@ -194,6 +199,12 @@ def _decode(shown: str, data: bytes) -> tuple[str, int, int, Any]:
                     raise BadInputError(
                         f"{shown} is {width}x{height} pixels, outside 1..{MAX_IMAGE_PIXELS} "
                         "pixels: pass a smaller image"
+                    )
+                if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                    raise BadInputError(
+                        f"{shown} is {width}x{height} pixels, more elongated than the "
+                        f"{MAX_ASPECT_RATIO}:1 vision processors accept: pass a less elongated "
+                        "image (crop or pad it)"
                     )
                 im.load()
                 rgb = im.convert("RGB")
