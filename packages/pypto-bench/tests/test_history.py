@@ -398,3 +398,79 @@ def test_every_query_is_bounded(tmp_path, monkeypatch):
             "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
         ).fetchone()
     assert time.monotonic() - start < 10
+
+
+def _run_argv(model, db, *extra):
+    return ["run", "--model-path", str(model), "--device", "cpu", "--arms", "eager",
+            "--warmup", "0", "--iters", "2", "--gen", "4", "--seq", "8", "--no-bandwidth",
+            "--no-progress", "--history", str(db), *extra]  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes read-only files and folders")
+def test_an_unwritable_history_is_refused_before_the_run(tiny_llama, tmp_path, capsys):
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    os.chmod(db, 0o444)
+    try:
+        assert main(_run_argv(tiny_llama, db)) == EXIT.USAGE
+    finally:
+        os.chmod(db, 0o644)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1
+    assert "is not writable" in err[0]
+
+
+def test_an_unwritable_history_folder_is_refused_before_the_run(
+    tiny_llama, tmp_path, monkeypatch, capsys
+):
+    """(As root the file modes do not bind: the check is the same call, os.access.)"""
+    from pypto_bench import history
+
+    db = tmp_path / "h.db"
+    real = os.access
+    monkeypatch.setattr(
+        history.os, "access", lambda p, mode: False if Path(p) == tmp_path else real(p, mode)
+    )
+    assert main(_run_argv(tiny_llama, db, "--report-file", str(tmp_path / "r.json"))) == EXIT.USAGE
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1
+    assert "is not writable" in err[0]
+    assert not (tmp_path / "r.json").exists()  # nothing ran
+
+
+def test_a_history_that_fails_at_the_end_keeps_the_report_and_add_records_it(
+    tiny_llama, tmp_path, capsys
+):
+    """The history is locked past the busy timeout when the run ends: the report and the
+    page are written first and kept, the run says how to add it, and `history add` does."""
+    from pypto_bench import history
+
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    report = tmp_path / "r.json"
+    page = tmp_path / "r.html"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process holds the write lock for the whole run
+    original = history.BUSY_TIMEOUT_S
+    history.BUSY_TIMEOUT_S = 0.2
+    try:
+        code = main(_run_argv(tiny_llama, db, "--report-file", str(report), "--html", str(page)))
+    finally:
+        history.BUSY_TIMEOUT_S = original
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == EXIT.FAILED
+    err = capsys.readouterr().err
+    assert f"pypto-bench history add {report} --db {db}" in err
+    assert report.is_file()
+    assert page.is_file()
+    assert main(["history", "add", str(report), "--db", str(db)]) == EXIT.OK
+    assert main(["history", "list", "--db", str(db), "--json"]) == EXIT.OK
+    assert len(json.loads(capsys.readouterr().out)) == 2
+    # what `add` refuses: not a report, not finite, not a file
+    (tmp_path / "x.json").write_text('{"arms": [], "config": {"seq": NaN}}')
+    for bad, needle in ((tmp_path / "x.json", "not a number"), (tmp_path, "folder")):
+        assert main(["history", "add", str(bad), "--db", str(db)]) == EXIT.USAGE
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1
+        assert needle in lines[0]

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
 
 from .args import FLAG_FOR, add_bench_arguments
-from .errors import EXIT, BenchError
+from .errors import EXIT, BenchError, HistoryError
 
 __all__ = [
     "OWN_LOGGERS",
@@ -254,10 +254,10 @@ def _run(args: argparse.Namespace, command_line: list[str]) -> int:
         from .html_report import check_html_path
 
         check_html_path(args.html)
-    if config.history:  # a refused history file stops the run before anything loads
-        from .history import check_db_path
+    if config.history:  # a refused or unwritable history stops the run before anything loads
+        from .history import check_writable
 
-        check_db_path(config.history, create=True)
+        check_writable(config.history)
     from .multi.external import detect_launch, run_launched
 
     launch = detect_launch(required=args.launched)
@@ -333,12 +333,6 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
     if args.json:
         print(report.to_json())
     code = EXIT.OK
-    if config.history:
-        from .history import record
-
-        run_id = record(config.history, report)
-        if not args.quiet:
-            print(f"recorded as run {run_id} in history {config.history}", file=sys.stderr)
     if config.report_file and report.written_to is not None:
         asked = Path(config.report_file).expanduser().resolve()
         if report.written_to.resolve() == asked:
@@ -352,9 +346,33 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
             code = EXIT.REPORT_FALLBACK
     if args.html:
         code = _write_page(args, report, code)
+    if config.history:  # last: a history that fails now costs neither the report nor the page
+        code = _record_history(config, args, report, code)
     if not report.ok:
         _err(f"arm(s) failed: {', '.join(report.failed_arm_causes)} (details in the report)")
         return EXIT.ARM_FAILED
+    return code
+
+
+def _record_history(config: Any, args: argparse.Namespace, report: Any, code: int) -> int:
+    """Record the run; a history that fails now (locked past the busy timeout, made
+    read-only during the run) keeps the report and says how to add it later (exit 1)."""
+    from .history import record
+
+    try:
+        run_id = record(config.history, report)
+    except HistoryError as err:
+        kept = report.written_to
+        if kept is None:
+            _err(f"{err}; this run had no --report-file to keep it: pass one next time")
+            return EXIT.FAILED
+        _err(
+            f"{err}; the run is kept in {kept}: add it later with `pypto-bench history add "
+            f"{kept} --db {config.history}`"
+        )
+        return EXIT.FAILED
+    if not args.quiet:
+        print(f"recorded as run {run_id} in history {config.history}", file=sys.stderr)
     return code
 
 

@@ -48,8 +48,10 @@ __all__ = [
     "CheckResult",
     "check",
     "check_db_path",
+    "check_writable",
     "list_runs",
     "plot_history",
+    "read_report_file",
     "record",
     "show_run",
 ]
@@ -227,6 +229,49 @@ def _roll_back(path: Path, journal: Path, *, create: bool) -> None:
             f"committed (rolled back now): `pypto-bench run ... --history {path}` starts it"
         )
     log.warning("history %s: rolled back a write that was stopped before it committed", path)
+
+
+def check_writable(path: str | os.PathLike[str]) -> Path:
+    """Refuse, before a run, a history the run could not write at its end: the file (or,
+    for a new one, its folder) and the folder (SQLite's ``-wal`` / ``-journal`` go beside
+    it) must be writable. The whole benchmark once ran and then lost its record."""
+    p = check_db_path(path, create=True)
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise HistoryError(f"history {p} is not writable: make it writable or pass another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HistoryError(
+            f"history folder {folder} is not writable (SQLite writes its journal beside the "
+            "file): make it writable or pass another path"
+        )
+    return p
+
+
+#: The largest report ``history add`` reads (what ``record`` stores fits in a row).
+_MAX_REPORT_FILE = MAX_ROW_BYTES
+
+
+def read_report_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A report file for ``history add``: a regular file, bounded, finite JSON, a
+    pypto-bench run report (its ``arms`` and ``config``); :class:`HistoryError` otherwise."""
+    from pypto_common import UntrustedFileError, loads_bounded, read_regular_file
+
+    p = Path(path)
+    try:
+        data = loads_bounded(read_regular_file(p, _MAX_REPORT_FILE))
+    except (UntrustedFileError, OSError) as err:
+        raise HistoryError(
+            f"report {p} {' '.join(str(err).split())[:160]}: pass the report.json of a run"
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("arms"), list)
+        or not isinstance(data.get("config"), dict)
+    ):
+        raise HistoryError(
+            f"report {p} is not a pypto-bench run report: pass the report.json of a run"
+        )
+    return data
 
 
 def _connect(path: Path, *, readonly: bool, immutable: bool = False) -> sqlite3.Connection:

@@ -1,4 +1,4 @@
-"""``pypto-bench history list | show | check | plot``: the CLI side of :mod:`.history`.
+"""``pypto-bench history list | show | check | add | plot``: the CLI side of :mod:`.history`.
 
 Exit codes: 0 ok; 2 (``USAGE``) a refused database or bad flags; 49 (``REGRESSION``)
 ``check`` found a regression, so a CI job can gate on it.
@@ -19,7 +19,7 @@ __all__ = ["add_history_parser", "run_history"]
 
 
 def add_history_parser(sub: Any) -> None:
-    """Add ``history`` with its four actions to the subparsers ``sub``."""
+    """Add ``history`` with its five actions to the subparsers ``sub``."""
     hist = sub.add_parser("history", help="the results history (--history DB): list, check")
     add_verbosity_flags(hist, top=False)
     actions = hist.add_subparsers(dest="history_command", required=True)
@@ -51,6 +51,8 @@ def add_history_parser(sub: Any) -> None:
         help="smallest band, as a share of the baseline (default: 0.05)",
     )
     ck.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ad = action("add", "record a report written earlier (a run whose history write failed)")
+    ad.add_argument("report", metavar="REPORT.json", help="a pypto-bench run's report")
     pl = action("plot", "PNG of a ratio (or tok/s) over time")
     pl.add_argument("--out", required=True, metavar="FILE", help="the PNG to write")
     pl.add_argument("--measure", default="x eager", choices=("x eager", "tok/s"))
@@ -70,6 +72,11 @@ def run_history(args: argparse.Namespace) -> int:
     """Run one ``history`` action; errors propagate as ``BenchError`` (one line upstream)."""
     from . import history
 
+    if args.history_command == "add":
+        data = history.read_report_file(args.report)
+        run_id = history.record(args.db, data)
+        print(f"recorded {args.report} as run {run_id} in history {args.db}", file=sys.stderr)
+        return EXIT.OK
     if args.history_command == "list":
         runs = history.list_runs(args.db)
         if args.json:
