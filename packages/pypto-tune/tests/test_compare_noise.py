@@ -82,3 +82,15 @@ def test_cli_json_carries_the_verdicts(tmp_path: Path, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["noise"]["verdict"] == "faster"
     assert got["blocks"]["mlp"]["verdict"] == "faster"
+
+
+def test_the_headline_is_inside_its_own_interval():
+    """A few slow outlier steps pull the mean far from the median: the headline ratio was
+    of means and its interval of medians ("0.72x [0.74, 22.20]"); now both are medians."""
+    base = _with_samples(1000.0, [100.0] * 9 + [3000.0] * 3, op_us=500.0)
+    opt = _with_samples(100.0, [100.0] * 12, op_us=50.0)
+    base.step["time_us"]["mean"] = sum(base.step["time_us"]["samples"]) / 12
+    c = compare_profiles(base, opt)
+    r = c["noise"]["time_ratio"]
+    assert 1 / r["high"] <= c["step_speedup"] <= 1 / r["low"]
+    assert c["step_speedup_of"] == "median step times"
