@@ -94,3 +94,32 @@ def test_the_headline_is_inside_its_own_interval():
     r = c["noise"]["time_ratio"]
     assert 1 / r["high"] <= c["step_speedup"] <= 1 / r["low"]
     assert c["step_speedup_of"] == "median step times"
+
+
+def test_the_same_weights_under_another_class_compare_with_allow_different(tmp_path, capsys):
+    """The seed's own before/after: the same weights pinned to modeling with fused ops is
+    another class with the same parameter count; refused unless --allow-different, which
+    says so in the result. Another parameter count stays refused."""
+    import pytest
+
+    from pypto_tune import NotComparableError
+
+    base = _with_samples(1000.0, _jitter(1000.0, 20.0), op_us=600.0)
+    opt = _with_samples(700.0, _jitter(700.0, 20.0), op_us=300.0)
+    base.meta["model"] = {"class": "LlamaForCausalLM", "parameters": 344704}
+    opt.meta["model"] = {"class": "HotspotForCausalLM", "parameters": 344704}
+    with pytest.raises(NotComparableError, match="pass --allow-different"):
+        compare_profiles(base, opt)
+    c = compare_profiles(base, opt, allow_different=True)
+    assert c["models"]["allowed_different"] is True
+    assert c["noise"]["verdict"] == "faster"
+    paths = []
+    for name, p in (("base", base), ("opt", opt)):
+        paths.append(str(write_profile(p, tmp_path / name)))
+    assert main(["compare", *paths]) == EXIT.NOT_COMPARABLE
+    assert "--allow-different" in capsys.readouterr().err
+    assert main(["compare", *paths, "--allow-different", "--json"]) == EXIT.OK
+    assert json.loads(capsys.readouterr().out)["models"]["allowed_different"] is True
+    opt.meta["model"] = {"class": "HotspotForCausalLM", "parameters": 999}
+    with pytest.raises(NotComparableError, match="different models"):
+        compare_profiles(base, opt, allow_different=True)

@@ -119,6 +119,12 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         help="a prediction within this factor came true (default 2)",
     )
+    cm.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="compare two model classes holding the same number of parameters (the same "
+        "weights pinned to other modeling code: fused ops, another KV layout)",
+    )
     cm.add_argument("--json", action="store_true")
 
     cli_tiles.register(sub)
@@ -325,6 +331,7 @@ def _compare(args: argparse.Namespace) -> int:
         load_profile(args.opt),
         applied=args.applied,
         tolerance=args.tolerance,
+        allow_different=args.allow_different,
     )
     if args.plot:
         from .outputs import plot_comparison

@@ -112,6 +112,7 @@ def compare_profiles(
     applied: list[str] | None = None,
     tolerance: float = 2.0,
     top: int = 10,
+    allow_different: bool = False,
 ) -> dict[str, Any]:
     """The diff and the prediction check; raises NotComparableError for different runs
     (model, regime, shapes, device type or dtype) and ``TypeError`` for arguments that
@@ -140,10 +141,18 @@ def compare_profiles(
                 f"({base.meta.get(key)!r} vs {opt.meta.get(key)!r}): profile both with the "
                 f"same --{flag}"
             )
-    if _model_id(base) != _model_id(opt):
+    different = _model_id(base) != _model_id(opt)
+    same_weights = _model_id(base)[1] is not None and _model_id(base)[1] == _model_id(opt)[1]
+    if different and not (allow_different and same_weights):
+        hint = (
+            " (same parameter count: the same weights pinned to other modeling code? pass "
+            "--allow-different)"
+            if same_weights
+            else ""
+        )
         raise NotComparableError(
             f"the profiles are of different models ({_model_id(base)} vs {_model_id(opt)}): "
-            "compare two profiles of the same model folder"
+            f"compare two profiles of the same model folder{hint}"
         )
     b_us, o_us = base.step_us, opt.step_us
     noise = step_noise(base, opt)
@@ -234,6 +243,11 @@ def compare_profiles(
         "opt": {"arm": opt.meta.get("arm"), "step_us": o_us},
         "step_speedup": speedup,
         "step_speedup_of": speedup_of,
+        "models": {
+            "base": list(_model_id(base)),
+            "opt": list(_model_id(opt)),
+            "allowed_different": bool(different),
+        },
         "noise": noise,
         "blocks": blocks,
         "layers": layers,
