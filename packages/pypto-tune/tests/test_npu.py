@@ -557,6 +557,20 @@ def test_advisor_findings_are_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert {Path(p).suffix for p in result["reports"]} == {".html", ".cfg"}
 
 
+def test_a_relative_output_dir_is_resolved_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The advisor runs inside the output folder: a relative -o wrote to out/out/."""
+    _install_advisor(tmp_path / "bin", "ok")
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.chdir(tmp_path)
+    result = run_msprof_advisor(write_profile(tmp_path), output_dir="out")
+    assert result["ok"] is True
+    assert result["reports"]
+    assert all(Path(p).parent == tmp_path / "out" for p in result["reports"])
+    assert not (tmp_path / "out" / "out").exists()
+
+
 def test_advisor_failure_is_reported_redacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

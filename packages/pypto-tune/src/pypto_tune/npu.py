@@ -762,7 +762,8 @@ def run_msprof_advisor(
             f"{src} is not a folder; pass the *_ascend_pt folder the profiler wrote"
         )
     with tempfile.TemporaryDirectory(prefix="pypto-tune-advisor-") as tmp:
-        out = Path(output_dir if output_dir is not None else tmp)
+        # Absolute: the advisor runs in this folder, and a relative -o named out/out/.
+        out = Path(output_dir if output_dir is not None else tmp).resolve()
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
