@@ -336,3 +336,32 @@ def test_device_graph_decode_equals_generate(device, backend):
     ):
         got = runner.generate(ids, am, max_new_tokens=NEW).cpu()
     _assert_same_until_eos(got, ref)
+
+
+def test_shared_experts_kept_as_stacks_are_not_taken_for_routed_ones():
+    """Inkling keeps its shared experts as 3-D stacks too (gate/up/down, one slice per shared
+    expert) but calls them with the router's ``gammas``: the layout alone matched them, and
+    the replaced forward refused ``gammas`` (decode) / lacked ``top_k_index`` (prefill).
+    The forward's signature is read: only the routed experts are replaced, and the model's
+    logits are unchanged."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "InklingTextConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no Inkling")
+    from transformers import InklingForCausalLM, InklingTextConfig
+
+    config = InklingTextConfig(**{**_COMMON, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                  "n_shared_experts": 1, "moe_intermediate_size": 32,
+                                  "intermediate_size": 64})  # fmt: skip
+    torch.manual_seed(0)
+    model = InklingForCausalLM(config).eval()
+    found = {i.name.rsplit(".", 1)[-1] for i in find_experts(model)}
+    assert found == {"experts"}  # shared_experts is not a routed experts module
+    ids = torch.randint(3, 250, (1, 6))
+    with torch.no_grad():
+        want = model(ids).logits
+        handle = apply_exact_moe(model)
+        try:
+            got = model(ids).logits
+        finally:
+            handle.undo()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

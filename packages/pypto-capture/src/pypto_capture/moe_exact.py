@@ -40,6 +40,7 @@ Both return a :class:`MoEHandle` whose ``undo()`` restores the model's own forwa
 
 from __future__ import annotations
 
+import inspect
 import logging
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -89,14 +90,35 @@ def _param3d(module: torch.nn.Module, name: str) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) and value.dim() == 3 else None
 
 
+def _routed_call(module: torch.nn.Module) -> bool:
+    """Its forward is called as the routed experts are: ``(hidden_states, top_k_index,
+    top_k_weights)``, three required positional parameters, read off its signature.
+
+    Why: the layout alone also matches shared experts kept as 3-D stacks (Inkling's
+    ``InklingSharedExperts.forward(hidden_states, gammas)``), whose forward, replaced,
+    refused the router's ``gammas`` keyword and crashed the graph arm."""
+    try:
+        params = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    required = [
+        p for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]  # fmt: skip
+    return len(required) == 3
+
+
 def _is_experts(module: torch.nn.Module) -> bool:
-    """transformers' fused experts layout: 3-D ``down_proj`` and 3-D ``gate_up_proj`` (or
-    ``up_proj`` for ungated experts), one slice per expert."""
+    """transformers' fused (routed) experts: 3-D ``down_proj`` and 3-D ``gate_up_proj`` (or
+    ``up_proj`` for ungated experts), one slice per expert, called with the router's
+    choice (:func:`_routed_call`)."""
     down = _param3d(module, "down_proj")
     up = _param3d(module, "gate_up_proj")
     if up is None:
         up = _param3d(module, "up_proj")
-    return down is not None and up is not None and down.shape[0] == up.shape[0]
+    if down is None or up is None or down.shape[0] != up.shape[0]:
+        return False
+    return _routed_call(module)
 
 
 def _up_weight(module: torch.nn.Module) -> torch.Tensor:
