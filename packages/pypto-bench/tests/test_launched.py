@@ -5,6 +5,7 @@ the CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -532,3 +533,76 @@ def test_the_model_fingerprint_reads_a_hostile_folder_without_following_or_block
     assert got["model"] != real["model"]
     outside.write_bytes(b"x" * 5)  # the target changes: the fingerprint does not follow it
     assert peer_identity(BenchConfig(model_path=str(hostile)))["model"] == got["model"]
+
+
+@contextlib.contextmanager
+def _silent_server():
+    """A TCP service that accepts and never answers (not torch's store)."""
+    import socket as _socket
+    import threading
+
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    held: list[_socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                held.append(conn)  # kept open, never read, never written
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def _silent_env(port: int) -> dict[str, str]:
+    return _env(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port))  # fmt: skip
+
+
+def test_a_rendezvous_that_never_answers_ends_within_the_timeout(tiny: Path) -> None:
+    """A silent service at MASTER_ADDR:MASTER_PORT held the store handshake forever."""
+    with _silent_server() as port:
+        started = time.monotonic()
+        got = subprocess.run(
+            [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+             "--rank-timeout", "3"],
+            env=_silent_env(port), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    assert got.returncode == EXIT.RANK_FAILED, got.stderr[-2000:]
+    assert took < 60
+    lines = [ln for ln in got.stderr.splitlines() if ln.startswith("pypto-bench: error:")]
+    assert len(lines) == 1
+    assert f"127.0.0.1:{port}" in lines[0]
+    assert "within 3 s" in lines[0]
+
+
+def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path) -> None:
+    with _silent_server() as port:
+        proc = subprocess.Popen(
+            [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+             "--rank-timeout", "120"],
+            env=_silent_env(port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            time.sleep(6)  # imported, config read, waiting in the store handshake
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
+        finally:
+            _reap([proc])
+    assert proc.returncode != 0

@@ -176,6 +176,49 @@ def _rank_device(spec: dict[str, Any], local_rank: int) -> Any:
     return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
 
 
+#: Seconds past ``--rank-timeout`` the rendezvous watchdog waits before it ends the rank
+#: (torch's own timeout, when it applies, says it first and better).
+_WATCHDOG_GRACE_S = 5.0
+
+
+def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float) -> None:
+    """``init_process_group`` for a rank the user's launcher started, bounded in time and
+    ended by SIGTERM at any point.
+
+    Why: a ``MASTER_ADDR:MASTER_PORT`` that accepts and never answers (a silent server, a
+    plain HTTP server, a stopped rank 0) held torch's store handshake forever: no
+    ``--rank-timeout``, and a SIGTERM handler written in Python cannot run while the
+    interpreter waits inside that C++ call. A watchdog thread ends the process with the
+    rendezvous line and exit 48 past the timeout (nothing of this rank has started yet:
+    nothing to clean up), and SIGTERM keeps its default action for the call.
+    """
+    import threading
+
+    from ..errors import EXIT
+    from .peers import unreachable_error
+
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if done.wait(wait_s + _WATCHDOG_GRACE_S):
+            return
+        err = unreachable_error(launch, TimeoutError("the endpoint did not answer"), wait_s)
+        os.write(2, f"pypto-bench: error: {err}\n".encode(errors="replace"))
+        os._exit(EXIT.RANK_FAILED)
+
+    threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        dist.init_process_group(**kwargs)
+    finally:
+        done.set()
+        if main and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = None) -> None:
     """One rank's whole run: join the process group, the baseline turn, the measurement;
     rank 0 writes ``result.json`` into the spec's folder.
@@ -219,7 +262,7 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
         from .peers import check_peers, unreachable_error
 
         try:
-            dist.init_process_group(**kwargs)
+            _init_bounded(dist, kwargs, launch, wait_s)
         except Exception as err:  # the store's connect timeout, refused connections
             raise unreachable_error(launch, err, wait_s) from err
         try:
