@@ -46,3 +46,14 @@ def test_the_cli_exits_arm_failed(nan_model, capsys):
                  "--no-bandwidth", "--no-progress"])  # fmt: skip
     assert code == EXIT.ARM_FAILED
     assert "NaN" in capsys.readouterr().err
+
+
+def test_nan_logits_fail_every_prefill_arm(nan_model):
+    report = run_bench(
+        BenchConfig(model_path=str(nan_model), device="cpu", regime="prefill", seq=6,
+                    warmup=0, iters=1, arms=("eager", "graph"), graph_backend="eager",
+                    measure_bandwidth=False)
+    )  # fmt: skip
+    for arm in report.arms:
+        assert not arm.ok, arm.name
+        assert "NonFiniteLogitsError" in arm.error

@@ -45,7 +45,7 @@ from .protocol import Context, Memory, arm_iteration, timed
 from .protocol.base import tick
 from .protocol.decode import compile_first, decode_sample, fill_decode
 from .protocol.diffusion import diffusion_sample
-from .protocol.prefill import fill_prefill
+from .protocol.prefill import fill_prefill, prefill_tokens
 from .report import ArmResult
 
 __all__ = [
@@ -157,7 +157,7 @@ def _measure_once(ctx: Context, built: _Built) -> None:
         tokens = None  # the figures and tokens come from the last generation (_fill)
     else:
         out, seconds = timed(ctx.device, built.run)
-        tokens = out.argmax(-1)
+        tokens = prefill_tokens(out)  # NaN / +inf logits fail the arm
         n = int(ctx.input_ids.numel())
         built.samples.append({"seconds": seconds, "tok_s": n / seconds if seconds > 0 else 0.0})
     built.tokens = tokens

@@ -24,10 +24,25 @@ __all__ = [
     "fill_prefill",
     "prefill_fn",
     "prefill_mitigations",
+    "prefill_tokens",
     "run_eager_prefill",
     "run_graph_prefill",
     "run_prefill",
 ]
+
+
+def prefill_tokens(logits: Any) -> Any:
+    """The argmax tokens of a prefill's logits; :class:`NonFiniteLogitsError` when they
+    hold NaN or +inf (their argmax is no answer: non-finite logits fail an arm, always)."""
+    from ..errors import NonFiniteLogitsError
+
+    if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
+        raise NonFiniteLogitsError(
+            "the logits hold NaN or +inf (non-finite logits fail an arm, always: their argmax "
+            "is no answer); check the config's numbers (e.g. rms_norm_eps) and the dtype "
+            "(float16 overflows where bfloat16 does not)"
+        )
+    return logits.argmax(-1)
 
 
 def prefill_fn(ctx: Context) -> Callable[[], Any]:
@@ -60,7 +75,7 @@ def run_eager_prefill(
             mem.sample()
             tick(ctx, arm.name, cfg.warmup + i + 1)
     fill_prefill(ctx, arm, times)
-    return out.argmax(-1)
+    return prefill_tokens(out)
 
 
 @contextlib.contextmanager
@@ -124,7 +139,7 @@ def run_graph_prefill(
     arm.details["backend"] = getattr(result, "backend", cfg.graph_backend)
     arm.details["capture_s"] = getattr(result, "capture_s", None)
     fill_prefill(ctx, arm, times)
-    return result.output.argmax(-1)
+    return prefill_tokens(result.output)
 
 
 def fill_prefill(ctx: Context, arm: ArmResult, times: list[float]) -> None:
