@@ -286,3 +286,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         "(share the fixture per session, a smaller size that proves the same) or mark it "
         '@pytest.mark.slow(reason="why it needs the time") and list it in docs/testing.md'
     )
+    # The profile line says what the terminal says: failed by the budget.
+    record["outcome"] = "failed"
+    record["error"] = f"over the budget: {call.when} {report.duration:.1f} s > {budget:g} s"

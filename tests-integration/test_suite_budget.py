@@ -99,6 +99,19 @@ def test_a_phase_over_the_budget_fails_unless_slow_with_a_reason(tmp_path):
     assert '@pytest.mark.slow(reason="why it needs the time")' in done.stdout
 
 
+def test_a_test_failed_by_the_budget_is_failed_in_its_profile_line(tmp_path):
+    """The terminal said F while the profile line said passed (the run's tables then hid
+    the tests the guard failed)."""
+    profile = tmp_path / "profile"
+    done = _pytest(tmp_path, "-k", "over_budget and not fixture", PYPTO_TEST_BUDGET_S="0.6",
+                   PYPTO_TEST_PROFILE=str(profile))  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    tests, _, _ = suite_profile.load(profile)
+    (row,) = [t for t in tests if t["nodeid"].endswith("test_over_budget")]
+    assert row["outcome"] == "failed"
+    assert "over the budget" in row["error"]
+
+
 def test_the_budget_off_and_a_bad_budget(tmp_path):
     off = _pytest(tmp_path, PYPTO_TEST_BUDGET_S="0")
     assert off.returncode == 0, off.stdout
@@ -111,7 +124,7 @@ def test_the_budget_off_and_a_bad_budget(tmp_path):
         assert len([ln for ln in done.stderr.splitlines() if "ERROR" in ln]) == 1
 
 
-def suite_profile_lines_are_written_and_rendered(tmp_path):
+def test_suite_profile_lines_are_written_and_rendered(tmp_path):
     profile = tmp_path / "profile"
     done = _pytest(
         tmp_path,

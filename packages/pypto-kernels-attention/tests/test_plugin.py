@@ -83,7 +83,10 @@ def test_sliding_only_covers_the_sliding_layers(model):
     assert len(marked) < len(_attn_modules(model))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="the real pypto-bench run of a tiny Gemma 4: eager, graph and pypto+graph with the "
+    "PyPTO SIM attention kernel on every replay (~60 s here, 97 s in CI)"
+)
 def test_pypto_graph_arm_runs_the_kernel_on_every_replay(tiny_gemma4, pypto_cpu):
     from pypto_testing.bench import fused_arm_run
 
