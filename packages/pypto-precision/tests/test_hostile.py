@@ -216,3 +216,17 @@ def test_no_shared_entry_is_not_comparable(good, tmp_path):
 
     with pytest.raises(NotComparableError, match="share no entry"):
         compare_dumps(read_dump(good), read_dump(other))
+
+
+def test_dump_and_check_without_pypto_bench_say_what_to_install(capsys):
+    """`nox -s "package(pypto-precision)"` runs this without pypto-bench: compare works,
+    dump and check name the install (exit 3) whatever flags they were given."""
+    from importlib import metadata
+
+    if any(ep.name == "dump" for ep in metadata.entry_points(group="pypto_precision.commands")):
+        pytest.skip("pypto-bench is installed and registers dump/check (tested in pypto-bench)")
+    for command in ("dump", "check"):
+        assert main([command, "--model-path", "m", "--out", "o"]) == EXIT.ENVIRONMENT
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1
+        assert "pip install pypto-bench" in err[0]
