@@ -95,6 +95,8 @@ def test_every_rank_keeps_its_profile_under_one_folder(ranks_run: tuple[Path, st
             ["--nproc", "2", "--out", "{tmp}/o", "--regime", "diffusion-generate"],
             "--nproc 2 runs the",
         ),
+        # it exited 0 and named ranks/graph/, a folder never made (issue #45, item 5)
+        (["--nproc", "2", "--out", "{tmp}/o", "--arm", "graph"], "keeps no per-rank profile"),
     ],
 )
 def test_a_request_a_rank_profile_cannot_take_is_one_line(

@@ -63,6 +63,16 @@ class RankProfiles:
         self.written = written
 
 
+def _on_cpu(device: Any) -> bool:
+    """Whether ``device`` (``cpu``, ``auto``, ``cuda:0``, ...) is this machine's CPU."""
+    try:
+        from pypto_capture import resolve_device
+
+        return resolve_device(device).type == "cpu"
+    except Exception:  # a device that is not here: the run's own check names it
+        return False
+
+
 def profile_ranks(
     config: Any,
     *,
@@ -82,6 +92,14 @@ def profile_ranks(
         raise BadInputError(
             "per-rank profiles are of tensor-parallel ranks; --placement pipeline runs in "
             "one process: profile it without --nproc"
+        )
+    if arm == "graph" and _on_cpu(config.device):
+        # Refused before anything is written: the run would end with no per-rank profile
+        # and a summary naming a ranks/graph/ folder that was never made.
+        raise BadInputError(
+            "--arm graph keeps no per-rank profile on a CPU (torch.profiler over the "
+            "compiled step with gloo collectives in flight can crash a rank): profile --arm "
+            "eager here, or the graph arm on CUDA / NPU"
         )
     folder = out / "ranks"
     run = replace(
