@@ -28,6 +28,13 @@ def test_esc_escapes_quotes_and_tags_and_keeps_raw():
     assert esc("a\x00b\x1bc") == "a\ufffdb\ufffdc"
 
 
+def test_esc_neutralises_bidi_and_c1_controls():
+    """A right-to-left override in a model path reordered what the page showed."""
+    for ch in ("\u202e", "\u202a", "\u2066", "\u2069", "\u200f", "\u061c", "\x85", "\x9b"):
+        assert esc(f"model{ch}gpj.exe") == "model\ufffdgpj.exe", repr(ch)
+    assert esc("日本語 · café") == "日本語 · café"  # ordinary text is left alone
+
+
 def test_esc_clips_long_text_before_escaping():
     got = esc("<" * 5000)
     assert got.endswith("… (5000 characters)")

@@ -117,6 +117,27 @@ def test_a_request_a_rank_profile_cannot_take_is_one_line(
     assert not (tmp_path / "o").exists()
 
 
+def test_a_link_planted_at_the_ranks_folder_is_not_followed(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """Per-rank traces went through a pre-existing DIR/ranks link, over a file outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "ranks").symlink_to(outside)
+    got = subprocess.run(
+        [TUNE, *PROFILE, "--model-path", str(tiny_llama), "--nproc", "2", "--out", str(out)],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert got.returncode == EXIT.USAGE, got.stderr[-2000:]
+    errors = [ln for ln in got.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1
+    assert "is a symbolic link" in errors[0]
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
 def _report(ranks: list[object], device_type: str = "cpu") -> dict[str, object]:
     return {
         "arms": [{"name": "eager"}],

@@ -54,7 +54,11 @@ log = logging.getLogger(__name__)
 #: how long they were (a 5000-character "model name" must not push the page apart).
 MAX_TEXT = 1000
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# C0 and C1 controls, and the Unicode bidi controls (embeddings, overrides, isolates, marks):
+# a right-to-left override in a model path reordered what a page showed (display spoofing).
+_CONTROL = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
 _NUMERIC = re.compile(r"^[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?( \[[^\]]*\])?( ?[x%])?$")
 
 
