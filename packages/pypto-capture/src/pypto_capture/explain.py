@@ -565,8 +565,11 @@ def explain_capture_error(
     # 1. explicit runtime codes: the most specific signal. Prefer codes we know, in text order.
     for m in _CODE_RE.finditer(text):
         if m.group(1) in _BY_CODE:
-            # "900"/"901" are short: require an error-ish context to avoid matching e.g. sizes.
-            if m.group(1) in ("900", "901") and not re.search(r"cuda|error|code", low):
+            # "900"/"901" are short: require an error-ish context to avoid matching e.g.
+            # sizes, unless the code is all that was given (`pypto-capture explain 900`, the
+            # example its own help names).
+            bare = text.strip() == m.group(1)
+            if m.group(1) in ("900", "901") and not bare and not re.search(r"cuda|error|code", low):
                 continue
             rule = _BY_CODE[m.group(1)]
             break
