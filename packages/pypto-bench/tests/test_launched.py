@@ -282,6 +282,15 @@ def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path, tmp_path: Pa
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}, "MASTER_ADDR"),
         ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
           "SLURM_STEP_NODELIST": "n[1-2"}, "node list"),
+        # refused at once (exit 2), not after a 20 s wait as an unreachable rendezvous
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h",
+          "MASTER_PORT": "70000"}, "not a TCP port"),
+        ({"RANK": "0", "WORLD_SIZE": str(10**22), "LOCAL_RANK": "0", "MASTER_ADDR": "h",
+          "MASTER_PORT": "1"}, "more than 65536"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": " ",
+          "MASTER_PORT": "29500"}, "MASTER_ADDR is empty"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "a" * 300,
+          "MASTER_PORT": "29500"}, "is not a host name"),
     ],
 )  # fmt: skip
 def test_a_broken_launcher_environment_is_one_line(env: dict[str, str], needle: str) -> None:

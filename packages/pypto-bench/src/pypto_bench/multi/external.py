@@ -15,6 +15,7 @@ while the ranks run on different hosts are refused in one line naming the rank.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LAUNCHERS",
+    "MAX_WORLD",
     "Launch",
     "detect_launch",
     "first_host",
@@ -154,7 +156,43 @@ def detect_launch(env: dict[str, str] | None = None, *, required: bool = False) 
             f"{found.launcher} says rank {found.rank} (local {found.local_rank}) of "
             f"{found.world}: a rank must be below the world size"
         )
+    _check_endpoint(found)
     return found
+
+
+#: More ranks than any launcher this tool supports starts (a 10^22 WORLD_SIZE passed).
+MAX_WORLD = 1 << 16
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def _check_endpoint(found: Launch) -> None:
+    """World size, port and host checked before anything waits on them: each used to fail
+    later as "could not reach the rendezvous within 20 s" (exit 48) or an unexpected
+    UnicodeError (exit 1) though nothing could ever have worked."""
+    if found.world > MAX_WORLD:
+        raise BadInputError(
+            f"{found.launcher} says a world of {found.world} ranks, more than {MAX_WORLD}: "
+            "start pypto-bench from the launcher unchanged"
+        )
+    if not 1 <= found.master_port <= 65535:
+        raise BadInputError(
+            f"MASTER_PORT={found.master_port} is not a TCP port (1-65535): export the port "
+            "rank 0 listens on"
+        )
+    host = found.master_addr.strip()
+    if not host:
+        raise BadInputError("MASTER_ADDR is empty: export rank 0's host name or address")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise BadInputError(
+            f"MASTER_ADDR={host[:60]!r}{'...' if len(host) > 60 else ''} is not a host name "
+            "or an IP address: export rank 0's host name or address"
+        )
 
 
 def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
