@@ -474,3 +474,16 @@ def test_a_history_that_fails_at_the_end_keeps_the_report_and_add_records_it(
         lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(lines) == 1
         assert needle in lines[0]
+
+
+def test_readers_create_nothing_beside_the_history(tmp_path, capsys):
+    """A read left "-wal"/"-shm" behind (and in a read-only folder could not even open)."""
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert before == ["h.db"]
+    for argv in (["history", "list", "--db", str(db)], ["history", "show", "1", "--db", str(db)],
+                 ["history", "check", "--db", str(db), "--min-runs", "1"]):  # fmt: skip
+        main(argv)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, argv
+    capsys.readouterr()

@@ -340,8 +340,13 @@ def _validate(con: sqlite3.Connection, path: Path) -> None:
 @contextmanager
 def _reader(path: str | os.PathLike[str]) -> Iterator[sqlite3.Connection]:
     p = check_db_path(path, create=False)
+    # Readers read only: with no "-wal" beside it nothing uncommitted is to be seen, so the
+    # file is read as immutable, which needs no lock and creates no "-wal"/"-shm" (a WAL
+    # history in a read-only folder failed "attempt to write a readonly database", and a
+    # read left those files behind).
+    quiet = not Path(f"{p}-wal").exists()
     try:
-        with closing(_connect(p, readonly=True)) as con:
+        with closing(_connect(p, readonly=True, immutable=quiet)) as con:
             con.row_factory = sqlite3.Row
             yield con
     except sqlite3.DatabaseError as err:
