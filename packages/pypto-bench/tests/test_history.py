@@ -487,3 +487,25 @@ def test_readers_create_nothing_beside_the_history(tmp_path, capsys):
         main(argv)
         assert sorted(p.name for p in tmp_path.iterdir()) == before, argv
     capsys.readouterr()
+
+
+def test_stored_escapes_and_huge_values_print_safely(tmp_path, capsys):
+    """ANSI / OSC escapes stored in a row were printed raw (a retitled, cleared terminal);
+    a 20 MB arm name printed 42 MB."""
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    with _db(db) as con:
+        con.execute(
+            "UPDATE arms SET arm = ? WHERE arm = 'graph'",
+            ("\x1b]0;pwned\x07\x1b[2J" + "g" * 5_000_000,),
+        )
+        con.execute("UPDATE runs SET device = ?", ("cpu\u202egnp.exe",))
+    for argv in (["history", "list", "--db", str(db)], ["history", "show", "1", "--db", str(db)],
+                 ["history", "check", "--db", str(db), "--min-runs", "0"]):  # fmt: skip
+        main(argv)
+        out = capsys.readouterr()
+        text = out.out + out.err
+        assert "\x1b" not in text, argv
+        assert "\x07" not in text, argv
+        assert "\u202e" not in text, argv
+        assert len(text) < 20_000, (argv, len(text))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Any
 
@@ -59,11 +60,25 @@ def add_history_parser(sub: Any) -> None:
     pl.add_argument("--arm", default=None, help="only this arm (default: every arm)")
 
 
+#: Control characters (C0, C1) and Unicode bidi controls: a history row is a stranger's
+#: text, and an escape sequence printed raw retitles or clears the user's terminal.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: The most characters one stored value prints (a 20 MB arm name printed 42 MB).
+_MAX_CELL = 200
+
+
+def _t(value: Any, limit: int = _MAX_CELL) -> str:
+    """Stored text made safe for a terminal: controls replaced, clipped with its length."""
+    text = _UNSAFE.sub("\ufffd", str(value))
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
+
+
 def _fmt(v: Any, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
 def _table(rows: list[list[str]]) -> str:
+    rows = [[_t(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
@@ -106,12 +121,12 @@ def run_history(args: argparse.Namespace) -> int:
             return EXIT.OK
         for k, v in run.items():
             if k not in ("report", "arms"):
-                print(f"{k}: {v}")
+                print(f"{_t(k)}: {_t(v)}")
         for a in run["arms"]:
             print(
-                f"arm {a['arm']}: tok/s {_fmt(a['tok_s_median'])} [{_fmt(a['tok_s_low'])}, "
+                f"arm {_t(a['arm'])}: tok/s {_fmt(a['tok_s_median'])} [{_fmt(a['tok_s_low'])}, "
                 f"{_fmt(a['tok_s_high'])}]  x eager {_fmt(a['x_eager_median'])} "
-                f"[{_fmt(a['x_eager_low'])}, {_fmt(a['x_eager_high'])}]  ({a['method']})"
+                f"[{_fmt(a['x_eager_low'])}, {_fmt(a['x_eager_high'])}]  ({_t(a['method'])})"
             )
         return EXIT.OK
     if args.history_command == "check":
@@ -128,8 +143,8 @@ def run_history(args: argparse.Namespace) -> int:
             )
             print(
                 redact(
-                    f"{g['verdict'].upper()}: run {g['run_id']} {g['arm']} {g['regime']} "
-                    f"{g['device']} ({g['earlier_runs']} earlier){': ' + parts if parts else ''}"
+                    f"{g['verdict'].upper()}: run {g['run_id']} {_t(g['arm'])} {_t(g['regime'])} "
+                    f"{_t(g['device'])} ({g['earlier_runs']} earlier){': ' + parts if parts else ''}"
                 ),
                 file=sys.stderr,
             )
