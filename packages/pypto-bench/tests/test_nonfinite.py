@@ -57,3 +57,20 @@ def test_nan_logits_fail_every_prefill_arm(nan_model):
     for arm in report.arms:
         assert not arm.ok, arm.name
         assert "NonFiniteLogitsError" in arm.error
+
+
+def test_the_step_watch_flags_nan_and_plus_inf_but_not_a_processor_s_minus_inf():
+    import torch
+
+    from pypto_bench.protocol.decode import FirstLogitsStamp
+
+    def flagged(value: float) -> bool:
+        stamp = FirstLogitsStamp("cpu", lambda _d: None)
+        scores = torch.randn(2, 50)
+        scores[1, 3] = value
+        stamp(None, scores)
+        return bool(stamp.nonfinite)
+
+    assert flagged(float("nan"))
+    assert flagged(float("inf"))
+    assert not flagged(float("-inf"))  # min_new_tokens bans EOS this way

@@ -118,10 +118,10 @@ def _loaded(args: argparse.Namespace, path: Path, device: str, dtype: str) -> It
 
 
 @contextmanager
-def _kernels(args: argparse.Namespace, loaded: Any) -> Iterator[list[str]]:
+def _kernels(enabled: bool, loaded: Any) -> Iterator[list[str]]:
     """With ``--kernels``: every applicable ``pypto.kernels`` plug-in switched on around the
     target (the pypto+graph arm's kernels, run eagerly: no capture to blame)."""
-    if not getattr(args, "kernels", False):
+    if not enabled:
         yield []
         return
     from .plugins import applicable_plugins
@@ -276,7 +276,7 @@ class CheckCommand:
         # 2. the target, and 3. the floor (the target's dtype on the reference device)
         with (
             _loaded(args, args.model_path, args.device, args.dtype) as target,
-            _kernels(args, target) as kernels,
+            _kernels(args.kernels, target) as kernels,
         ):
             tgt_logits = _logits(target, full, len(ids))
         # The floor is the *trusted* model in the target's dtype on the reference device:
@@ -335,12 +335,9 @@ class CheckCommand:
             "floor": (ref_path, args.reference_device, args.dtype),
         }
         for name, (path, device, dtype) in sides.items():
-            target = name == "target"
             with (
                 _loaded(args, path, device, dtype) as loaded,
-                _kernels(
-                    argparse.Namespace(kernels=target and getattr(args, "kernels", False)), loaded
-                ),
+                _kernels(name == "target" and args.kernels, loaded),
             ):
                 _dump(loaded, ids, dumps / name, "tensor", args.replay_inputs,
                       DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip

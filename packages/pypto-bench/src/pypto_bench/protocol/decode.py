@@ -55,13 +55,19 @@ class FirstLogitsStamp:
         self.synchronize = synchronize
         self.stamp: float | None = None
         self.nonfinite: Any = None
+        import torch
+
+        self._fp32 = torch.float32
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         if self.stamp is None:
             self.synchronize(self.device)
             self.stamp = time.perf_counter()
-        # -inf is a processor's mask (min_new_tokens bans EOS that way): NaN and +inf are not.
-        bad = scores.isnan().any() | scores.isposinf().any()
+        # One reduction per step, on the device, no sync: the fp32 sum is NaN when any score
+        # is NaN (or +inf beside -inf) and +inf when any is +inf; -inf alone, a processor's
+        # mask (min_new_tokens bans EOS that way), leaves it -inf or finite.
+        total = scores.sum(dtype=self._fp32)
+        bad = total.isnan() | total.isposinf()
         self.nonfinite = bad if self.nonfinite is None else self.nonfinite | bad
         return scores
 

@@ -36,7 +36,7 @@ def prefill_tokens(logits: Any) -> Any:
     hold NaN or +inf (their argmax is no answer: non-finite logits fail an arm, always)."""
     from ..errors import NonFiniteLogitsError
 
-    if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
+    if bool(logits.isnan().any() | logits.isposinf().any()):  # one host sync
         raise NonFiniteLogitsError(
             "the logits hold NaN or +inf (non-finite logits fail an arm, always: their argmax "
             "is no answer); check the config's numbers (e.g. rms_norm_eps) and the dtype "
