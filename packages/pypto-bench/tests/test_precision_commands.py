@@ -181,3 +181,23 @@ def test_the_reference_dtype_follows_the_weight_size(tiny, tmp_path):
     n = int(0.6 * FLOAT64_REFERENCE_BELOW) // 2
     save_file({"w": torch.zeros(n, dtype=torch.bfloat16)}, str(big / "model.safetensors"))
     assert reference_dtype(big) == "float32"
+
+
+def test_a_folder_that_ships_its_own_code_is_not_run(tiny, tmp_path, capsys):
+    """A stranger's modeling file is never imported unless --trust-remote-code: check and
+    dump refuse in one line and the file's side effect never happens."""
+    folder = tmp_path / "remote"
+    shutil.copytree(tiny, folder)
+    marker = tmp_path / "ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="evil_arch", auto_map={"AutoModelForCausalLM": "modeling_evil.Evil"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for argv in (["check", "--model-path", str(folder), "--out", str(tmp_path / "c")],
+                 ["dump", "--model-path", str(folder), "--out", str(tmp_path / "d")]):  # fmt: skip
+        assert main(argv) == EXIT.FAILED
+        err = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+        assert len(err) == 1
+        assert "--trust-remote-code" in err[0]
+    assert not marker.exists()
+    assert not (tmp_path / "d").exists()
