@@ -125,3 +125,14 @@ def test_loads_bounded_reads_ordinary_json() -> None:
     assert json_depth(json.dumps(doc)) == 2
     assert json_depth('"\\"[[["') == 0
     assert loads_bounded("[" * 64 + "]" * 64, max_depth=64)
+
+
+def test_loads_bounded_can_read_non_finite_numbers_as_null() -> None:
+    text = '{"max": NaN, "min": -Infinity, "big": 1e999, "ok": 1.5}'
+    with pytest.raises(UntrustedFileError):
+        loads_bounded(text)
+    assert loads_bounded(text, nonfinite_as_null=True) == {
+        "max": None, "min": None, "big": None, "ok": 1.5,
+    }  # fmt: skip
+    with pytest.raises(UntrustedFileError, match="levels deep"):  # the other bounds still hold
+        loads_bounded("[" * 300 + "]" * 300, nonfinite_as_null=True)

@@ -152,11 +152,16 @@ def loads_bounded(
     *,
     max_depth: int = MAX_JSON_DEPTH,
     max_int_digits: int = MAX_INT_DIGITS,
+    nonfinite_as_null: bool = False,
 ) -> Any:
     """``json.loads`` for untrusted documents: :class:`UntrustedFileError` for anything
     nesting deeper than ``max_depth``, an integer longer than ``max_int_digits``, a
     non-finite number (``NaN``, ``Infinity``, ``1e999``), undecodable bytes or invalid
-    JSON, each in one line."""
+    JSON, each in one line.
+
+    ``nonfinite_as_null``: read a non-finite number as ``None`` instead (a format that
+    writes ``NaN`` for a statistic of a tensor that holds one, e.g. msprobe's dump.json:
+    the value is missing, the document is not refused)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
@@ -173,13 +178,17 @@ def loads_bounded(
             )
         return int(s)
 
-    def parse_float(s: str) -> float:
+    def parse_float(s: str) -> float | None:
         value = float(s)
         if value in (float("inf"), float("-inf")):
+            if nonfinite_as_null:
+                return None
             raise UntrustedFileError(f"holds the number {s[:20]}, beyond a float's range")
         return value
 
-    def parse_constant(s: str) -> float:
+    def parse_constant(s: str) -> float | None:
+        if nonfinite_as_null:
+            return None
         raise UntrustedFileError(f"holds {s}, not a number")
 
     try:

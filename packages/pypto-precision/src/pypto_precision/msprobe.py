@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from pypto_common import UntrustedFileError, atomic_write_text, json_depth, read_regular_file
+from pypto_common import UntrustedFileError, atomic_write_text, loads_bounded, read_regular_file
 
 from .dump import Entry
 from .errors import BadDumpError, PrecisionError
@@ -79,24 +79,11 @@ def find_msprobe_dump(root: Path) -> Path | None:
 
 def _load_json(path: Path) -> Any:
     try:
-        text = read_regular_file(path, MAX_INDEX_BYTES).decode("utf-8-sig")
-    except (UntrustedFileError, OSError, UnicodeDecodeError) as err:
-        raise BadDumpError(f"{path}: {' '.join(str(err).split())[:160]}") from None
-    if json_depth(text) > _MAX_DEPTH:
-        raise BadDumpError(f"{path}: nests deeper than {_MAX_DEPTH} levels; refused")
-
-    def parse_int(s: str) -> int:
-        if len(s) > 20:
-            raise BadDumpError(f"{path}: holds a {len(s)}-digit integer; refused")
-        return int(s)
-
-    try:
         # msprobe writes NaN / Infinity for a tensor that holds them: read as missing.
-        return json.loads(text, parse_int=parse_int, parse_constant=lambda _s: None)
-    except BadDumpError:
-        raise
-    except (ValueError, RecursionError) as err:
-        raise BadDumpError(f"{path}: not valid JSON ({' '.join(str(err).split())[:100]})") from None
+        return loads_bounded(read_regular_file(path, MAX_INDEX_BYTES), max_depth=_MAX_DEPTH,
+                             max_int_digits=20, nonfinite_as_null=True)  # fmt: skip
+    except (UntrustedFileError, OSError) as err:
+        raise BadDumpError(f"{path}: {' '.join(str(err).split())[:160]}") from None
 
 
 def _stat(value: Any) -> float | None:
