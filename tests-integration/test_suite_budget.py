@@ -321,7 +321,10 @@ def test_the_docs_state_the_budget_the_suite_enforces():
         assert tool in page
         assert (ROOT / tool).is_file()
     noxfile = (ROOT / "noxfile.py").read_text()
-    assert 'XDIST_ARGS = ("-n", "0")' in noxfile
-    assert "`-n 0`" in page
-    assert "nox -s tests -- -n 2 --dist worksteal" in page
+    assert 'XDIST_ARGS = ("-n", "2", "--dist", "worksteal")' in noxfile
+    assert 'WORKER_ENV = {"OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1"}' in noxfile
+    assert "`-n 2 --dist worksteal`" in page
+    assert "`OMP_NUM_THREADS=1`" in page
+    assert "`TORCHINDUCTOR_COMPILE_THREADS=1`" in page
+    assert "nox -s tests -- -n 0" in page
     assert "(docs/testing.md)" in (ROOT / "README.md").read_text()
