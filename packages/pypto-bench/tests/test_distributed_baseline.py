@@ -17,11 +17,11 @@ from pypto_bench.distributed import (
     _out_of_memory,
     checkpoint_bytes,
     fit_reason,
-    free_bytes,
     visible_devices,
 )
 from pypto_bench.errors import ModelLoadError
 from pypto_bench.report import format_table
+from pypto_capture.device import free_bytes
 
 
 def test_no_baseline_run_is_measured_and_says_what_is_missing(tiny_llama, tmp_path, capsys):

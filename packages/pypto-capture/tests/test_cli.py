@@ -323,3 +323,80 @@ def test_bisect_without_transformers_is_an_environment_error(tmp_path):
     )
     assert proc.returncode == EXIT.ENVIRONMENT, proc.stderr
     assert "pip install 'pypto-capture[hf]'" in _one_error_line(proc.stderr)
+
+
+@needs_hf
+def test_bisect_refuses_a_cache_past_free_memory_before_allocating(tmp_path, llama):
+    """`bisect --max-cache-len 100000000` allocated ~21 GB and was OOM-killed (issue 43,
+    item 14): the cache's bytes are estimated first and a size past the device's free
+    memory is a usage error in one line, exit 2, in a real process whose peak memory
+    stays far below the cache it was asked for."""
+    from pypto_capture.device import free_bytes
+
+    free = free_bytes("cpu")
+    assert free is not None
+    probe = (
+        "import resource, runpy, sys\n"
+        "sys.argv = ['pypto-capture'] + sys.argv[1:]\n"
+        "try:\n"
+        "    runpy.run_module('pypto_capture', run_name='__main__')\n"
+        "finally:\n"
+        "    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "    sys.stdout.write(f'PEAK_KIB={peak}\\n')\n"
+    )
+    before = _files(llama)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "bisect", "--model-path", str(llama), "--device", "cpu",
+         "--backend", "eager", "--max-cache-len", "100000000"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == EXIT.USAGE, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("pypto-capture: error: ")]
+    assert len(errors) == 1, proc.stderr
+    line = errors[0]
+    assert proc.stderr.rstrip().endswith(line)  # the last word, no traceback after it
+    assert "max_cache_len=100000000" in line
+    assert "GiB free" in line
+    assert "--max-cache-len" in line
+    peak_kib = int(proc.stdout.rsplit("PEAK_KIB=", 1)[1])
+    assert peak_kib * 1024 < 4 * 2**30  # the model and torch, never the 20+ GB cache
+    assert _files(llama) == before
+    assert not list(tmp_path.iterdir())
+
+
+@needs_hf
+def test_the_cache_estimate_equals_the_allocated_rings(llama, tmp_path):
+    """static_cache_bytes (config only) equals what the built cache holds after a prefill,
+    on a full-attention Llama and on a sliding-window Gemma 3 (its rings are the window)."""
+    from transformers import AutoModelForCausalLM
+
+    from pypto_capture import DecodeStepRunner, static_cache_bytes
+    from pypto_testing import models
+
+    gemma3 = models.make_tiny_model(tmp_path / "gemma3", "gemma3")
+    for folder, length in ((llama, 24), (gemma3, 40)):
+        model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+        runner = DecodeStepRunner(
+            model, batch_size=2, max_cache_len=length, backend="eager", device="cpu"
+        )
+        import torch
+
+        with torch.no_grad():
+            runner.prefill(torch.zeros(2, 3, dtype=torch.long))
+        held = runner.cache.describe()["kv_bytes"]
+        assert static_cache_bytes(model, batch_size=2, max_cache_len=length) == held, folder
+
+
+def test_a_hostile_layer_count_is_refused_before_any_list_is_built():
+    from types import SimpleNamespace
+
+    from pypto_capture import CacheDoesNotFitError, static_cache_bytes
+
+    config = SimpleNamespace(
+        num_hidden_layers=10**12, num_attention_heads=4, num_key_value_heads=2, head_dim=8
+    )
+    with pytest.raises(CacheDoesNotFitError, match="num_hidden_layers=1000000000000"):
+        static_cache_bytes(config, batch_size=1, max_cache_len=16)
+    # a config with nonsense types counts nothing rather than failing on them
+    odd = SimpleNamespace(num_hidden_layers="3", num_attention_heads=None)
+    assert static_cache_bytes(odd, batch_size=1, max_cache_len=16) == 0

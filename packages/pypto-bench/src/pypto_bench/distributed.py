@@ -26,7 +26,6 @@ from .multi.fit import (
     baseline_skip_reason,
     checkpoint_bytes,
     fit_reason,
-    free_bytes,
     out_of_memory,
 )
 from .multi.launch import ORPHAN_GRACE_S, free_port, launcher_main, run_distributed
@@ -80,7 +79,6 @@ __all__ = [
     "check_tp_plan",
     "checkpoint_bytes",
     "fit_reason",
-    "free_bytes",
     "free_port",
     "group_jiffies",
     "group_load_sampler",

@@ -53,7 +53,6 @@ function torchair.get_npu_backend                    | torchair/npu_fx_compiler.
 kwarg    torchair.get_npu_backend compiler_config    | get_npu_backend(*, compiler_config=None, ...)
 function torch_npu.npu.device_count                  | torch_npu/npu/__init__.py (--nproc: ranks <= NPUs)
 function torch_npu.npu.set_device                    | torch_npu/npu/utils.py (--nproc: rank r on npu:r)
-function torch_npu.npu.mem_get_info                  | torch_npu/npu/memory.py (--nproc: does the 1-rank baseline fit)
 module   torch_npu.distributed                       | torch_npu/distributed/__init__.py (registers hccl)
 function torch_npu.distributed.is_hccl_available     | torch_npu/distributed/distributed_c10d.py, re-exported
 module   torch_npu.profiler                          | torch_npu/profiler/__init__.py (--nproc: HCCL share)

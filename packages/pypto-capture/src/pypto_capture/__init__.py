@@ -21,7 +21,12 @@ from .backends import (
     resolve_backend_name,
 )
 from .bisect import MIXER_STAGE, STAGES, BisectResult, bisect_capture
-from .cache import capture_safe_cache_class, make_capture_safe_cache
+from .cache import (
+    capture_safe_cache_class,
+    check_cache_fits,
+    make_capture_safe_cache,
+    static_cache_bytes,
+)
 from .codes import EXIT
 from .decode import AUTOTUNE_MIN_WEIGHT_BYTES, STEP_MARKER, DecodeStepRunner, default_compile_mode
 from .device import (
@@ -34,6 +39,7 @@ from .device import (
     synchronize,
 )
 from .errors import (
+    CacheDoesNotFitError,
     CaptureFailedError,
     CaptureUnsafeConfigError,
     DeviceNotAvailableError,
@@ -90,6 +96,7 @@ __all__ = [
     "STAGES",
     "STEP_MARKER",
     "BisectResult",
+    "CacheDoesNotFitError",
     "CaptureExplanation",
     "CaptureFailedError",
     "CaptureUnsafeConfigError",
@@ -122,6 +129,7 @@ __all__ = [
     "bisect_capture",
     "capture_and_replay",
     "capture_safe_cache_class",
+    "check_cache_fits",
     "default_compile_mode",
     "device_name",
     "exact_experts_forward",
@@ -140,6 +148,7 @@ __all__ = [
     "resolve_backend_name",
     "resolve_device",
     "round_robin_assignment",
+    "static_cache_bytes",
     "swap_forward",
     "synchronize",
 ]

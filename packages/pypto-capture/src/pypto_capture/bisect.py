@@ -51,6 +51,8 @@ import torch
 
 from . import _hf
 from .backends import GraphBackend, capture_and_replay, make_backend
+from .cache import check_cache_fits
+from .device import resolve_device
 from .errors import CaptureFailedError, UnsupportedModelError
 from .explain import CaptureExplanation, explain_capture_error
 
@@ -338,13 +340,17 @@ def bisect_capture(
     """Capture each stage of ``model``'s decode path alone; name the first that fails.
 
     Raises :class:`UnsupportedModelError` ("bisect needs ...") when the model has no
-    embedding or no layer list bisect can find.
+    embedding or no layer list bisect can find, and :class:`CacheDoesNotFitError` when the
+    static cache asked for exceeds the device's free memory (before allocating it).
     """
     from .decode import DecodeStepRunner  # local: pulls transformers-facing code
 
     blocks = _find_blocks(model, layer_index)  # before any forward: say what is missing first
+    dev = resolve_device(device)
+    # a hostile --max-cache-len is refused here, not OOM-killed mid-allocation
+    check_cache_fits(model, batch_size=batch_size, max_cache_len=max_cache_len, device=dev)
     runner = DecodeStepRunner(
-        model, batch_size=batch_size, max_cache_len=max_cache_len, backend="eager", device=device
+        model, batch_size=batch_size, max_cache_len=max_cache_len, backend="eager", device=dev
     )
     be = backend if isinstance(backend, GraphBackend) else make_backend(backend, runner.device)
     with torch.no_grad():

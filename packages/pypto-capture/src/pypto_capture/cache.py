@@ -60,7 +60,14 @@ from .errors import UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LAYER_KINDS", "capture_safe_cache_class", "layer_kinds_of", "make_capture_safe_cache"]
+__all__ = [
+    "LAYER_KINDS",
+    "capture_safe_cache_class",
+    "check_cache_fits",
+    "layer_kinds_of",
+    "make_capture_safe_cache",
+    "static_cache_bytes",
+]
 
 #: What a capture-safe cache layer holds: ``attention`` a K/V ring, ``state`` conv and
 #: recurrent states, ``hybrid`` both, ``shared`` nothing (reads another layer's ring: KV
@@ -764,3 +771,76 @@ def make_capture_safe_cache(
         device=device,
         kinds=kinds,
     )
+
+
+def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> int:
+    """Bytes the K/V rings of a ``CaptureSafeCache`` of this size will hold, from the
+    config alone, before anything is allocated.
+
+    Per attention layer that keeps its own keys/values: ``batch x kv_heads x slots x
+    (head_dim + value_head_dim) x element size``, slots ``min(window, max_cache_len)`` on
+    sliding layers and ``max_cache_len`` on the others; KV-sharing consumers and
+    recurrent layers (``linear_attention``, ``mamba``, ``conv``: fixed-size states) add
+    nothing here. Python integers throughout: a hostile length cannot wrap.
+    """
+    config = getattr(model, "config", model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n_layers = _positive_int(getattr(text, "num_hidden_layers", None)) or 0
+    if n_layers > _MAX_LAYERS:
+        from .errors import CacheDoesNotFitError
+
+        raise CacheDoesNotFitError(
+            f"num_hidden_layers={n_layers} is past {_MAX_LAYERS}: not a model this cache can hold"
+        )
+    heads = _positive_int(getattr(text, "num_attention_heads", None)) or 0
+    kv_heads = _positive_int(getattr(text, "num_key_value_heads", None)) or heads
+    head_dim = _positive_int(getattr(text, "head_dim", None))
+    if head_dim is None and heads:
+        head_dim = (_positive_int(getattr(text, "hidden_size", None)) or 0) // heads
+    value_dim = _positive_int(getattr(text, "v_head_dim", None)) or head_dim or 0
+    element = 4
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        first = next(iter(params()), None)
+        if first is not None:
+            element = int(first.element_size())
+    window = _positive_int(getattr(text, "sliding_window", None))
+    total = 0
+    layer_types = _layer_types_of(text, n_layers)
+    consumers = _config_kv_consumers(text, n_layers)
+    for layer_type, shared in zip(layer_types, consumers, strict=True):
+        if shared or "attention" not in layer_type or layer_type.startswith("linear"):
+            continue
+        slots = (
+            min(window, max_cache_len) if ("sliding" in layer_type and window) else max_cache_len
+        )
+        total += batch_size * kv_heads * slots * ((head_dim or 0) + value_dim) * element
+    return total
+
+
+def check_cache_fits(
+    model: Any, *, batch_size: int, max_cache_len: int, device: torch.device | str
+) -> int:
+    """The static cache's bytes (:func:`static_cache_bytes`); raises
+    :class:`~pypto_capture.errors.CacheDoesNotFitError` when they exceed the device's free
+    memory (:func:`~pypto_capture.device.free_bytes`). An unknown free figure passes."""
+    from .device import free_bytes
+    from .errors import CacheDoesNotFitError
+
+    need = static_cache_bytes(model, batch_size=batch_size, max_cache_len=max_cache_len)
+    free = free_bytes(device)
+    if free is not None and need > free:
+        raise CacheDoesNotFitError(
+            f"a static cache of max_cache_len={max_cache_len} at batch {batch_size} needs "
+            f"{need / 2**30:.2f} GiB of keys and values; {torch.device(device)} has "
+            f"{free / 2**30:.2f} GiB free: lower max_cache_len"
+        )
+    return need
+
+
+#: more layers than any published model has by far; bounds the per-layer lists built here
+_MAX_LAYERS = 1 << 16
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -26,6 +26,7 @@ from .bisect import BisectResult, bisect_capture
 from .codes import EXIT
 from .device import resolve_device
 from .errors import (
+    CacheDoesNotFitError,
     DeviceNotAvailableError,
     InvalidDeviceSpecError,
     PyptoCaptureError,
@@ -214,6 +215,8 @@ def _cmd_bisect(args: argparse.Namespace) -> int:
         )
     except UnsupportedModelError as err:  # also: no layer --layer-index
         raise _CliError(str(err), EXIT.UNSUPPORTED_MODEL) from None
+    except CacheDoesNotFitError as err:  # --max-cache-len / --batch-size past free memory
+        raise _CliError(f"{err} (--max-cache-len)", EXIT.USAGE) from None
     except PyptoCaptureError as err:  # before any stage: the prefill or the cache build
         raise _CliError(f"bisect could not run {args.model_path}: {err}", EXIT.FAILED) from None
     doc = {"model_path": str(args.model_path), **result.to_dict()}

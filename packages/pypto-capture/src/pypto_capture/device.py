@@ -30,6 +30,7 @@ __all__ = [
     "MemoryStats",
     "device_name",
     "empty_cache",
+    "free_bytes",
     "graph_pool_handle",
     "memory_stats",
     "new_graph",
@@ -189,6 +190,30 @@ def empty_cache(device: torch.device | str) -> None:
     mod = _module(device)
     if mod is not None:
         mod.empty_cache()
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Free memory of ``device`` in bytes; None when it cannot be told.
+
+    Why: a static cache or a model is allocated in one go, so a size that cannot fit must
+    be refused before the allocation (a CPU run past its memory is OOM-killed with no
+    message, an accelerator's allocation fails mid-run). CPU: the kernel's MemAvailable
+    (what can be handed out without swapping); CUDA / NPU: the allocator's free figure.
+    """
+    device = torch.device(device)
+    try:
+        if device.type == "cpu":
+            with open("/proc/meminfo", encoding="ascii", errors="replace") as f:
+                for line in f.read(1 << 16).splitlines():
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+            return None
+        mod = _module(device)
+        if mod is None:
+            return None
+        return int(mod.mem_get_info(device)[0])
+    except Exception:  # no /proc (not Linux), a device that is gone: unknown, not fatal
+        return None
 
 
 @dataclass(frozen=True)

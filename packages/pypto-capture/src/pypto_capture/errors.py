@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .explain import CaptureExplanation
 
 __all__ = [
+    "CacheDoesNotFitError",
     "CaptureFailedError",
     "CaptureUnsafeConfigError",
     "DeviceNotAvailableError",
@@ -60,3 +61,11 @@ class UnsupportedModelError(PyptoCaptureError):
 
 class CaptureUnsafeConfigError(PyptoCaptureError):
     """The model's configuration is known to break capture (e.g. SDPA on an NPU)."""
+
+
+class CacheDoesNotFitError(PyptoCaptureError):
+    """The static cache asked for is larger than the device's free memory.
+
+    Raised before anything is allocated: a static cache is one allocation per layer, and
+    one past the machine's memory is an OOM kill with no message on a CPU.
+    """

@@ -29,6 +29,7 @@ function torch_npu.npu.device_count                     | I
 function torch_npu.npu.current_device                   | U
 function torch_npu.npu.synchronize                      | U
 function torch_npu.npu.empty_cache                      | M
+function torch_npu.npu.mem_get_info                     | M
 function torch_npu.npu.reset_peak_memory_stats          | M
 function torch_npu.npu.max_memory_allocated             | M
 function torch_npu.npu.max_memory_reserved              | M

@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pypto_capture.device import free_bytes
+
 if TYPE_CHECKING:
     from ..config import BenchConfig
 
@@ -16,7 +18,6 @@ __all__ = [
     "baseline_skip_reason",
     "checkpoint_bytes",
     "fit_reason",
-    "free_bytes",
     "out_of_memory",
     "release_memory",
 ]
@@ -79,27 +80,6 @@ def checkpoint_bytes(folder: Path, dtype: str) -> int | None:
         floating = entry.dtype.startswith(("F", "BF"))
         total += entry.numel * want if want and floating else entry.nbytes
     return total
-
-
-def free_bytes(device: Any) -> int | None:
-    """Free memory of ``device``: MemAvailable on a CPU, the allocator's query elsewhere."""
-    try:
-        if device.type == "cpu":
-            for line in Path("/proc/meminfo").read_text().splitlines():
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-            return None
-        if device.type == "cuda":
-            import torch
-
-            return int(torch.cuda.mem_get_info(device)[0])
-        if device.type == "npu":
-            from ..environment import NPU
-
-            return int(NPU.resolve("torch_npu.npu.mem_get_info")(device)[0])
-    except Exception:
-        return None
-    return None
 
 
 def out_of_memory(err: BaseException) -> bool:
