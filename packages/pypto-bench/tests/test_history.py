@@ -509,3 +509,65 @@ def test_stored_escapes_and_huge_values_print_safely(tmp_path, capsys):
         assert "\x07" not in text, argv
         assert "\u202e" not in text, argv
         assert len(text) < 20_000, (argv, len(text))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "needle"),
+    [
+        ("UPDATE arms SET tok_s_median = 'fast' WHERE arm = 'graph'", "tok_s_median"),
+        ("UPDATE arms SET x_eager_low = 9e999 WHERE arm = 'graph'", "x_eager_low"),
+        ("UPDATE runs SET batch = 'two'", "batch"),
+        # past int64: SQLite stores a real
+        ("UPDATE arms SET run_id = 1e30 WHERE arm = 'eager' AND run_id = 2", "run_id"),
+        ("UPDATE arms SET run_id = 'one' WHERE arm = 'graph' AND run_id = 2", "run_id"),
+        ("UPDATE runs SET model = x'00ff'", "model"),  # a blob where text belongs
+        ("UPDATE arms SET samples = '[1, 2' WHERE arm = 'graph'", "not valid JSON"),
+        ("UPDATE runs SET report = '{\"a\": ' ", "not valid JSON"),
+        ("UPDATE arms SET shapes = 'nope'", "not valid JSON"),
+        ("UPDATE arms SET created_at = 'yesterday-ish'", "not an ISO date"),
+    ],
+)
+def test_wrong_typed_values_are_one_history_error(tmp_path, capsys, corrupt, needle):
+    """Text where numbers belong, an id past int64, bad JSON, bad dates made list / show /
+    check / plot fail "unexpected ... report it" (exit 1), `show` after partial output
+    (issue #43, item 8): each command that reads the value refuses the file in one line,
+    exit 2, nothing on stdout, the file unchanged."""
+    pytest.importorskip("matplotlib")
+    db = tmp_path / "h.db"
+    for _ in range(2):
+        record(db, make_report(graph=STEADY))
+    with _db(db) as con:
+        con.execute(corrupt)
+    before = db.read_bytes()
+    png = tmp_path / "p.png"
+    refused = 0
+    for argv in (["history", "list", "--db", str(db)], ["history", "show", "1", "--db", str(db)],
+                 ["history", "check", "--db", str(db), "--min-runs", "1"],
+                 ["history", "plot", "--db", str(db), "--out", str(png)]):  # fmt: skip
+        code = main(argv)
+        out = capsys.readouterr()
+        assert code in (EXIT.OK, EXIT.USAGE), (argv, code, out.err)
+        if code == EXIT.USAGE:
+            refused += 1
+            assert out.out == "", argv
+            lines = out.err.strip().splitlines()
+            assert len(lines) == 1, (argv, out.err)
+            assert needle in lines[0], (argv, lines[0])
+            assert "unexpected" not in lines[0]
+    # a type error is caught by every reader; a JSON or date value by those that read it
+    assert refused == (4 if "JSON" not in needle and "date" not in needle else refused)
+    assert refused >= 1
+    assert db.read_bytes() == before
+    assert not png.exists() or refused < 4
+
+
+def test_a_run_id_past_int64_is_a_usage_error(tmp_path, capsys):
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    code = main(["history", "show", str(2**70), "--db", str(db)])
+    out = capsys.readouterr()
+    assert code == EXIT.USAGE, out.err
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert "run id must be between 1 and 2**63-1" in lines[0]

@@ -115,6 +115,78 @@ _ARM_COLUMNS = (
     "x_eager_high",
     "method",
 )
+# What each column may hold ("i" integer, "t" text, "r" a finite number; "?" or NULL):
+# a history is a file anyone can edit, so every value is checked before it is used.
+_RUN_TYPES = {
+    "id": "i", "recorded_at": "t", "created_at": "t?", "model": "t", "model_path_hash": "t?",
+    "model_class": "t?", "regime": "t", "device": "t", "dtype": "t?", "batch": "i?",
+    "seq": "i?", "gen": "i?", "torch": "t?", "transformers": "t?", "host": "t?", "ok": "i",
+    "noisy": "i?", "report": "t",
+}  # fmt: skip
+_ARM_TYPES = {
+    "run_id": "i", "arm": "t", "ok": "i", "model": "t", "regime": "t", "device": "t",
+    "dtype": "t?", "shapes": "t", "created_at": "t?", "samples": "t", "tok_s_median": "r?",
+    "tok_s_low": "r?", "tok_s_high": "r?", "x_eager_median": "r?", "x_eager_low": "r?",
+    "x_eager_high": "r?", "method": "t?",
+}  # fmt: skip
+_TYPE_NAMES = {"i": "an integer", "t": "text", "r": "a finite number"}
+
+
+def _bad_value(column: str, kind: str) -> str:
+    """SQL that is true when ``column`` breaks its declared kind (9e999 is SQLite's inf)."""
+    allowed = {"i": ("integer",), "t": ("text",), "r": ("integer", "real")}[kind[0]]
+    if kind.endswith("?"):
+        allowed += ("null",)
+    names = ", ".join(f"'{a}'" for a in allowed)
+    cond = f"typeof({column}) NOT IN ({names})"
+    if kind[0] == "r":
+        cond += f" OR {column} IN (9e999, -9e999)"
+    return cond
+
+
+def _check_values(con: sqlite3.Connection, path: Path) -> None:
+    """Refuse the first stored value of the wrong type (text where a number belongs, an id
+    past int64 stored as a real, an infinite tok/s): one HistoryError instead of an
+    "unexpected" error, or half a table printed, when the value is used."""
+    for table, types in (("runs", _RUN_TYPES), ("arms", _ARM_TYPES)):
+        cases = " ".join(f"WHEN {_bad_value(c, k)} THEN '{c}'" for c, k in types.items())
+        row = con.execute(
+            f"SELECT r, bad FROM (SELECT rowid AS r, CASE {cases} END AS bad FROM {table}) "
+            "WHERE bad IS NOT NULL LIMIT 1"
+        ).fetchone()
+        if row is None:
+            continue
+        rowid, column = int(row[0]), str(row[1])
+        held = con.execute(f"SELECT typeof({column}) FROM {table} WHERE rowid = ?", (rowid,))
+        kind = types[column]
+        want = _TYPE_NAMES[kind[0]] + (" or null" if kind.endswith("?") else "")
+        raise HistoryError(
+            f"history {path}: {table} row {rowid} holds {held.fetchone()[0]} in {column} "
+            f"where {want} belongs (a damaged or edited file): {_fix(path)}"
+        )
+
+
+def _date(text: str, path: str | os.PathLike[str]) -> _dt.datetime:
+    try:
+        return _dt.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise HistoryError(
+            f"history {path}: created_at {str(text)[:40]!r} is not an ISO date (a damaged or "
+            f"edited file): {_fix(Path(path))}"
+        ) from None
+
+
+def _json(text: str, what: str, path: str | os.PathLike[str]) -> Any:
+    """A stored JSON value, or one HistoryError naming it (never a JSONDecodeError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise HistoryError(
+            f"history {path}: {what} is not valid JSON (a damaged or edited file): "
+            f"{_fix(Path(path))}"
+        ) from None
+
+
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
@@ -335,6 +407,7 @@ def _validate(con: sqlite3.Connection, path: Path) -> None:
             f"history {path} holds a row of {big} bytes (more than "
             f"{MAX_ROW_BYTES} this tool ever writes): {_fix(path)}"
         )
+    _check_values(con, path)
 
 
 @contextmanager
@@ -496,9 +569,10 @@ def show_run(path: str | os.PathLike[str], run_id: int) -> dict[str, Any]:
                 f"list --db {path}` lists the ids"
             )
         out = dict(row)
-        out["report"] = json.loads(out["report"])
+        out["report"] = _json(out["report"], f"run {run_id}'s report", path)
         out["arms"] = [
-            _without_run_id(r) | {"samples": json.loads(r["samples"])}
+            _without_run_id(r)
+            | {"samples": _json(r["samples"], f"run {run_id} arm {r['arm']!r}'s samples", path)}
             for r in con.execute(
                 f"SELECT {', '.join(_ARM_COLUMNS)} FROM arms WHERE run_id = ? ORDER BY rowid",
                 (run_id,),
@@ -571,7 +645,7 @@ def check(
             "arm": key[2],
             "device": key[3],
             "dtype": key[4],
-            "shapes": json.loads(key[5]),
+            "shapes": _json(key[5], f"run {runs[-1]['run_id']}'s shapes", path),
             "run_id": newest["run_id"],
             "earlier_runs": len(earlier),
             "measures": [],
@@ -657,7 +731,7 @@ def plot_history(
         series.setdefault(f"{r['arm']} {r['regime']} {r['device']} {r['model'][:8]}", []).append(r)
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, pts in series.items():
-        xs: Any = [_dt.datetime.fromisoformat(p["created_at"]) for p in pts]
+        xs: Any = [_date(p["created_at"], path) for p in pts]
         ys = [p["m"] for p in pts]
         bars = [
             [p["m"] - (p["lo"] if p["lo"] is not None else p["m"]) for p in pts],

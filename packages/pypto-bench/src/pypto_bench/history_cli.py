@@ -34,7 +34,7 @@ def add_history_parser(sub: Any) -> None:
     ls = action("list", "every recorded run (oldest first)")
     ls.add_argument("--json", action="store_true", help="one JSON document on stdout")
     sh = action("show", "one run: fingerprint, arms, the stored report")
-    sh.add_argument("run_id", type=int, metavar="ID")
+    sh.add_argument("run_id", type=_run_id, metavar="ID")
     sh.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ck = action(
         "check", f"judge the newest run of each group; exit {EXIT.REGRESSION} on a regression"
@@ -65,6 +65,22 @@ def add_history_parser(sub: Any) -> None:
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: The most characters one stored value prints (a 20 MB arm name printed 42 MB).
 _MAX_CELL = 200
+
+
+def _run_id(text: str) -> int:
+    """A run id as SQLite stores one: 1 .. 2**63-1 (a larger number cannot be asked for)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"run id must be a whole number, got {text[:40]!r}"
+        ) from None
+    if not 1 <= value < 2**63:
+        raise argparse.ArgumentTypeError(
+            f"run id must be between 1 and 2**63-1, got {text[:40]}: `pypto-bench history "
+            "list --db DB` lists the ids"
+        )
+    return value
 
 
 def _t(value: Any, limit: int = _MAX_CELL) -> str:
