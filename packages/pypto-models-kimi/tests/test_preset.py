@@ -115,3 +115,61 @@ def test_a_folder_of_another_family_is_refused_before_anything_is_written(tmp_pa
     assert "model_type 'llama', not 'kimi_linear'" in message
     assert "\n" not in message
     assert snapshot(folder) == before
+
+
+def test_a_pinned_folder_loaded_without_trust_says_the_pin_did_not_run(pinned, caplog):
+    """Issue #43, item 17: without --trust-remote-code transformers builds its own Kimi
+    class for the registered model type, so the preset's code and checks never ran, and
+    nothing said so. The bench's loader says it (a log warning, and in the report)."""
+    bench_loading = pytest.importorskip("pypto_bench.loading")
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="pypto_bench.loading"):
+        loaded = bench_loading.load_model(pinned, device="cpu", dtype="float32")
+    assert type(loaded.model) is KimiLinearForCausalLM  # the native class, not the pin
+    said = [r.getMessage() for r in caplog.records if "auto_map" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert "rerun with --trust-remote-code to run the pin" in said[0]
+    assert "PyptoKimiLinearForCausalLM" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pypto_bench.loading"):
+        trusted = bench_loading.load_model(
+            pinned, device="cpu", dtype="float32", trust_remote_code=True
+        )
+    assert type(trusted.model) is PyptoKimiLinearForCausalLM
+    assert not [r for r in caplog.records if "auto_map" in r.getMessage()]
+
+
+def test_a_bad_pinned_config_run_without_trust_names_the_fallback(pinned, tmp_path):
+    """The reproduction: `linear_attn_config.num_heads: 0` in a pinned folder, benched
+    without --trust-remote-code, failed deep in torch ("groups must be a positive
+    integer") with no word that the preset's checks had been bypassed."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("pypto_bench")
+    cfg = json.loads((pinned / "config.json").read_text())
+    cfg["linear_attn_config"]["num_heads"] = 0
+    (pinned / "config.json").write_text(json.dumps(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pypto_bench", "run", "--model-path", str(pinned),
+         "--device", "cpu", "--arms", "eager", "--warmup", "0", "--iters", "1",
+         "--seq", "4", "--gen", "2", "--no-bandwidth", "--no-progress"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert "loaded without --trust-remote-code" in proc.stderr, proc.stderr[-3000:]
+    assert "rerun with --trust-remote-code to run the pin" in proc.stderr
+    # with it, the preset's own check refuses the config in one line, before torch
+    trusted = subprocess.run(
+        [sys.executable, "-m", "pypto_bench", "run", "--model-path", str(pinned),
+         "--trust-remote-code", "--device", "cpu", "--arms", "eager", "--warmup", "0",
+         "--iters", "1", "--seq", "4", "--gen", "2", "--no-bandwidth", "--no-progress"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert trusted.returncode != 0
+    assert "groups must be a positive integer" not in trusted.stderr, trusted.stderr[-3000:]
+    assert "num_heads" in trusted.stderr, trusted.stderr[-3000:]

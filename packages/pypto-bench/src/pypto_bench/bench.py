@@ -500,6 +500,11 @@ def _load_context(
     )
     load_mem = memory_stats(device)
     model, tokenizer = loaded.model, loaded.tokenizer
+    from .loading import pinned_code_ignored
+
+    fallback = pinned_code_ignored(loaded.config, loaded.path, config.trust_remote_code)
+    if fallback:
+        warnings.append(fallback)
     if config.regime == Regime.DIFFUSION:
         from .diffusion import supports_diffusion, unsupported_message
 

@@ -47,6 +47,7 @@ __all__ = [
     "load_model",
     "load_pretrained",
     "needs_remote_code",
+    "pinned_code_ignored",
     "read_model_config",
     "ready_for_inference",
     "refuse_remote_code",
@@ -153,6 +154,35 @@ def refuse_remote_code(config: dict[str, Any], path: Path, trust_remote_code: bo
             f"model type {config.get('model_type')!r} at {path} ships its own code: "
             "rerun with --trust-remote-code if you trust that folder"
         )
+
+
+def pinned_code_ignored(config: dict[str, Any], path: Path, trust_remote_code: bool) -> str | None:
+    """What to tell the user when a folder pinned to code (``auto_map``, what pypto-patch
+    writes) loads without ``--trust-remote-code``: transformers then builds its own class
+    for the registered ``model_type`` and the pinned code, with its config checks, never
+    runs. None when nothing falls back.
+
+    Why say it: a Kimi config with ``linear_attn_config.num_heads: 0`` pinned by its preset
+    loaded as the native class and failed deep in torch ("groups must be a positive
+    integer"), and the native class ignores settings the pinned class reads.
+    """
+    auto_map = config.get("auto_map")
+    if trust_remote_code or not isinstance(auto_map, dict) or not auto_map:
+        return None
+    if needs_remote_code(config):
+        return None  # refused by refuse_remote_code instead
+    pinned = next(
+        (str(v)[:120] for k, v in auto_map.items() if k in (CAUSAL_LM, IMAGE_TEXT_TO_TEXT)),
+        None,
+    )
+    if pinned is None:
+        return None
+    return (
+        f"{path} is pinned to {pinned!r} (auto_map) but was loaded without "
+        f"--trust-remote-code: transformers' own class for model type "
+        f"{str(config.get('model_type'))[:60]!r} ran instead, so the pinned code and its "
+        "config checks did not; rerun with --trust-remote-code to run the pin"
+    )
 
 
 def torch_dtype(name: str):
@@ -358,6 +388,9 @@ def load_model(
     config = read_model_config(path)
     wanted_dtype = torch_dtype(dtype)
     refuse_remote_code(config, path, trust_remote_code)
+    fallback = pinned_code_ignored(config, path, trust_remote_code)
+    if fallback:
+        log.warning("%s", fallback)
     auto_name = auto_class_name(config, image=image, path=path)
     start = time.perf_counter()
     model, tokenizer = load_pretrained(
