@@ -471,6 +471,11 @@ def test_an_interface_this_node_lacks_is_one_line_before_anything_starts(
         (["--nnodes", "2"], "needs --rdzv-endpoint"),
         (["--nnodes", "2", "--rdzv-endpoint", "node0"], "is not HOST:PORT"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:99999"], "is not HOST:PORT"),
+        # issue #43 item 11: these passed the pre-flight and failed after launching (48),
+        # or as an unexpected UnicodeError (1)
+        (["--nnodes", "2", "--rdzv-endpoint", "[::1"], "is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "http://127.0.0.1:29630"], "is not HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "a" * 300 + ":29500"], "is not a host name"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "2"], "0..1"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "a b"], "--rdzv-id"),
         (["--node-rank", "0"], "pass --nnodes N > 1"),
@@ -615,3 +620,20 @@ def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path) -> None:
         finally:
             _reap([proc])
     assert proc.returncode != 0
+
+
+def test_rdzv_endpoints_parse_or_are_refused_in_one_line() -> None:
+    from pypto_bench.config import parse_endpoint
+    from pypto_bench.errors import BadInputError
+
+    assert parse_endpoint("node0:29500") == ("node0", 29500)
+    assert parse_endpoint(" 10.0.0.2:1 ") == ("10.0.0.2", 1)
+    assert parse_endpoint("[::1]:29500") == ("::1", 29500)
+    assert parse_endpoint("node-7.cluster.local:65535") == ("node-7.cluster.local", 65535)
+    for bad in ("[::1", "[::1]29500", "[10.0.0.1]:5", "http://127.0.0.1:29630", "h:0",
+                "h:65536", ":29500", "node0", "a" * 300 + ":1", "no de:1", "ho\u00e9st:1",
+                "user@h:1", "h:1/x"):  # fmt: skip
+        with pytest.raises(BadInputError) as err:
+            parse_endpoint(bad)
+        assert "\n" not in str(err.value)
+        assert "--rdzv-endpoint" in str(err.value), bad

@@ -9,6 +9,7 @@ its parser and validates before choosing device environment variables.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ __all__ = [
     "Placement",
     "Regime",
     "Schedule",
+    "check_host",
     "check_rank_timeout",
     "parse_endpoint",
     "validate_placement",
@@ -464,16 +466,56 @@ def validate_placement(config: BenchConfig) -> None:
         )
 
 
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); a one-line error otherwise."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def check_host(host: str, what: str, fix: str) -> str:
+    """``host`` (stripped) when it is an IP address or a DNS host name (labels of letters,
+    digits, ``-`` and ``_``, at most 253 characters); a one-line BadInputError naming
+    ``what`` and ``fix`` otherwise. Checked before anything waits on the host: a bad one
+    used to fail later as a rendezvous timeout (exit 48) or an unexpected UnicodeError."""
+    host = host.strip()
+    if not host:
+        raise BadInputError(f"{what} is empty: {fix}")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return host
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
         raise BadInputError(
-            f"--rdzv-endpoint {text[:80]!r} is not HOST:PORT: pass the address of the node "
-            "that hosts the rendezvous and a free port, e.g. node0:29500"
+            f"{what}={host[:60]!r}{'...' if len(host) > 60 else ''} is not a host name "
+            f"or an IP address: {fix}"
         )
-    return host, int(port)
+    return host
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` too) -> (host, port); a one-line error otherwise
+    (a URL, an unclosed bracket, a port outside 1-65535, a host that is no host)."""
+    fix = "pass the address of the node that hosts the rendezvous and a free port, e.g. node0:29500"
+    bad = BadInputError(f"--rdzv-endpoint {text[:80]!r} is not HOST:PORT: {fix}")
+    t = text.strip()
+    if "/" in t or "@" in t:
+        raise bad  # a URL (http://host:port) or a path: HOST:PORT only
+    if t.startswith("["):
+        close = t.find("]")
+        if close < 0 or t[close + 1 : close + 2] != ":":
+            raise bad
+        host, port = t[1:close], t[close + 2 :]
+        try:
+            if ipaddress.ip_address(host).version != 6:
+                raise bad
+        except ValueError:
+            raise bad from None
+    else:
+        host, sep, port = t.rpartition(":")
+        if not sep or not host or "[" in host or "]" in host:
+            raise bad
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad
+    return check_host(host, "--rdzv-endpoint host", fix), int(port)
 
 
 def _validate_nodes(config: BenchConfig) -> None:

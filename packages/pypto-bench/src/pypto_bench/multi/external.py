@@ -15,7 +15,6 @@ while the ranks run on different hosts are refused in one line naming the rank.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import check_host
 from ..errors import BadInputError
 from .peers import Launch, comm_environment, peer_identity
 
@@ -162,7 +162,6 @@ def detect_launch(env: dict[str, str] | None = None, *, required: bool = False) 
 
 #: More ranks than any launcher this tool supports starts (a 10^22 WORLD_SIZE passed).
 MAX_WORLD = 1 << 16
-_HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
 def _check_endpoint(found: Launch) -> None:
@@ -179,20 +178,7 @@ def _check_endpoint(found: Launch) -> None:
             f"MASTER_PORT={found.master_port} is not a TCP port (1-65535): export the port "
             "rank 0 listens on"
         )
-    host = found.master_addr.strip()
-    if not host:
-        raise BadInputError("MASTER_ADDR is empty: export rank 0's host name or address")
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-        return
-    except ValueError:
-        pass
-    labels = host.rstrip(".").split(".")
-    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
-        raise BadInputError(
-            f"MASTER_ADDR={host[:60]!r}{'...' if len(host) > 60 else ''} is not a host name "
-            "or an IP address: export rank 0's host name or address"
-        )
+    check_host(found.master_addr, "MASTER_ADDR", "export rank 0's host name or address")
 
 
 def run_launched(config: BenchConfig, launch: Launch) -> Report | None:
