@@ -550,8 +550,9 @@ def test_the_model_fingerprint_reads_a_hostile_folder_without_following_or_block
 
 
 @contextlib.contextmanager
-def _silent_server():
-    """A TCP service that accepts and never answers (not torch's store)."""
+def _silent_server(answer: bytes | None = None):
+    """A TCP service that accepts and never answers (not torch's store); with ``answer``,
+    one that reads what it is sent and answers those bytes (a garbage peer)."""
     import socket as _socket
     import threading
 
@@ -567,6 +568,11 @@ def _silent_server():
             try:
                 conn, _ = srv.accept()
                 held.append(conn)  # kept open, never read, never written
+                if answer is not None:
+                    conn.settimeout(2)
+                    with contextlib.suppress(OSError):
+                        conn.recv(4096)
+                        conn.sendall(answer)
             except OSError:
                 continue
 
@@ -637,3 +643,23 @@ def test_rdzv_endpoints_parse_or_are_refused_in_one_line() -> None:
             parse_endpoint(bad)
         assert "\n" not in str(err.value)
         assert "--rdzv-endpoint" in str(err.value), bad
+
+
+@pytest.mark.parametrize("verbosity", ["-q", "-v"])
+def test_a_garbage_peer_is_one_line_and_the_frames_only_at_v(tiny: Path, verbosity: str) -> None:
+    """Issue #43, item 12: a peer answering garbage at MASTER_ADDR:MASTER_PORT made even a
+    `-q` run print ~100 lines of torch's C++ frames (each store retry) before the line."""
+    with _silent_server(answer=b"HTTP/1.0 200 OK\r\n\r\n" + b"\xff" * 4096) as port:
+        got = subprocess.run(
+            [PYPTO_BENCH, *RUN, verbosity, "--model-path", str(tiny), "--regime", "prefill",
+             "--rank-timeout", "4"],
+            env=_silent_env(port), capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert got.returncode == EXIT.RANK_FAILED, got.stderr[-2000:]
+    errors = [ln for ln in got.stderr.splitlines() if ln.startswith("pypto-bench: error:")]
+    assert len(errors) == 1, got.stderr[-2000:]
+    assert f"127.0.0.1:{port}" in errors[0]
+    if verbosity == "-q":
+        assert [ln for ln in got.stderr.splitlines() if ln.strip()] == errors, got.stderr[-3000:]
+    else:
+        assert "frame #" in got.stderr  # what the store said, for whoever asked for it

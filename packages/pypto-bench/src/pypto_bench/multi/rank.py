@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,6 +177,35 @@ def _rank_device(spec: dict[str, Any], local_rank: int) -> Any:
     return torch.device(kind) if kind == "cpu" else torch.device(kind, local_rank)
 
 
+@contextlib.contextmanager
+def _store_chatter_held() -> Iterator[int]:
+    """While torch's store connects, its C++ side writes each retry to fd 2 with a
+    hundred lines of C++ frames (a garbage peer printed ~100 lines before the one-line
+    error even under ``-q``). fd 2 goes to a temporary file for the call; what it caught is
+    replayed only at ``-v`` (INFO), so the line the user reads is ours. Yields a
+    duplicate of the real stderr for whoever must still speak meanwhile (the watchdog).
+    """
+    import tempfile
+
+    sys.stderr.flush()
+    real = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as held:
+            os.dup2(held.fileno(), 2)
+            try:
+                yield real
+            finally:
+                sys.stderr.flush()
+                os.dup2(real, 2)
+                if log.isEnabledFor(logging.INFO):
+                    held.seek(0)
+                    caught = held.read(1 << 20)
+                    if caught:
+                        os.write(2, caught)
+    finally:
+        os.close(real)
+
+
 #: Seconds past ``--rank-timeout`` the rendezvous watchdog waits before it ends the rank
 #: (torch's own timeout, when it applies, says it first and better).
 _WATCHDOG_GRACE_S = 5.0
@@ -198,23 +228,28 @@ def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float)
     from .peers import unreachable_error
 
     done = threading.Event()
+    stderr = [2]  # where the watchdog writes: the real stderr, also while fd 2 is held
 
     def watchdog() -> None:
         if done.wait(wait_s + _WATCHDOG_GRACE_S):
             return
         err = unreachable_error(launch, TimeoutError("the endpoint did not answer"), wait_s)
-        os.write(2, f"pypto-bench: error: {err}\n".encode(errors="replace"))
+        os.write(stderr[0], f"pypto-bench: error: {err}\n".encode(errors="replace"))
         os._exit(EXIT.RANK_FAILED)
 
-    threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     if main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        dist.init_process_group(**kwargs)
+        with _store_chatter_held() as real:
+            stderr[0] = real
+            threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
+            try:
+                dist.init_process_group(**kwargs)
+            finally:
+                done.set()
     finally:
-        done.set()
         if main and previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -245,7 +280,8 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
     wait_s = 2 * config.rank_timeout + 30 if launch is None else config.rank_timeout
     kwargs["timeout"] = datetime.timedelta(seconds=wait_s)
     if launch is None:
-        dist.init_process_group(**kwargs)
+        with _store_chatter_held():
+            dist.init_process_group(**kwargs)
         if "identity" in spec:  # one node of a multi-node run: the peers checked too
             from .peers import Launch, check_peers
 
