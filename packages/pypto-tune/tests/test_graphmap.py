@@ -8,6 +8,7 @@ backend); the replay matcher (CUDA / NPU graphs) on traces in the recorded forma
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from pathlib import Path
 
@@ -92,6 +93,19 @@ def test_a_graph_arm_profile_names_its_blocks_and_layers(graph_profile):
     )
     split = next(e for e in trace if e.get("args", {}).get("fused_across"))
     assert 0 < split["args"]["share"] < 1
+    # Issue #45, item 3: a kernel fused across modules is drawn as its pieces laid end to
+    # end over the kernel's own span (they all started at its start and overlapped).
+    pieces: dict[tuple[str, float], list[dict]] = {}
+    for e in trace:
+        if e.get("args", {}).get("fused_across"):
+            pieces.setdefault((e["name"], e["args"]["kernel_ts"]), []).append(e)
+    assert pieces
+    for (_name, start), group in pieces.items():
+        group.sort(key=lambda e: e["ts"])
+        assert group[0]["ts"] == start
+        for a, b in itertools.pairwise(group):
+            assert abs(a["ts"] + a["dur"] - b["ts"]) < 1e-6, group  # end to end, no overlap
+        assert abs(sum(g["share"] for g in (x["args"] for x in group)) - 1) < 1e-6
     cost = prof.meta["attribution"]["cost"]
     assert cost["compile_s"] > 0
     assert "outside the profiled steps" in cost["note"]

@@ -3,6 +3,7 @@ the Chrome trace (module hierarchy as nested slices)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -172,3 +173,27 @@ def test_non_finite_numbers_are_written_as_null_and_read_back(tmp_path, eager_pr
     back = load_profile(path)
     assert back.peaks["bandwidth_bytes_per_s"] is None
     to_markdown(back)  # a null peak prints, it does not raise
+
+
+def test_the_trace_steps_are_the_steps_profile_json_averages(eager_profile):
+    """Issue #45, item 2: trace.json's steps were the raw forward marks (18.3 ms mean)
+    while profile.json's step runs from one forward to the next (19.1 ms). The trace's
+    step slices now are those periods, each forward mark inside its step."""
+    assert eager_profile.meta["regime"] == "decode"
+    events = [e for e in chrome_trace(eager_profile)["traceEvents"] if e["ph"] == "X"]
+    steps = [e for e in events if e["cat"] == "step" and e["name"] == "pypto_tune.step"]
+    forwards = [e for e in events if e["cat"] == "forward"]
+    assert len(steps) >= 2
+    mean = sum(e["dur"] for e in steps) / len(steps)
+    assert abs(mean - eager_profile.step_us) <= 1e-6 * max(eager_profile.step_us, 1.0)
+    assert forwards, "the forward marks are kept inside their steps"
+    for f in forwards:
+        assert f["name"] == "pypto_tune.step (forward)"
+        host = next(s for s in steps if s["ts"] == f["ts"])
+        assert f["dur"] <= host["dur"] + 1e-6
+    # consecutive decode steps tile the time between them: no gap a viewer would miss
+    ordered = sorted(steps, key=lambda e: e["ts"])
+    tiled = sum(
+        1 for a, b in itertools.pairwise(ordered) if abs(a["ts"] + a["dur"] - b["ts"]) < 1e-6
+    )
+    assert tiled >= 1
