@@ -14,7 +14,7 @@ pytest.importorskip("pypto_models_minimax")
 
 from pypto_bench import EXIT
 from pypto_bench.cli import main
-from pypto_bench.distributed import checkpoint_bytes
+from pypto_bench.multi.fit import checkpoint_bytes
 from pypto_patch import apply
 from pypto_testing.checkpoints import other_shard, poison, rewrite_shard
 from pypto_testing.folders import folder_bytes

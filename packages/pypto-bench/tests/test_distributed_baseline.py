@@ -13,13 +13,9 @@ import torch
 
 from pypto_bench import BadInputError, BenchConfig, schema
 from pypto_bench.cli import main
-from pypto_bench.distributed import (
-    _out_of_memory,
-    checkpoint_bytes,
-    fit_reason,
-    visible_devices,
-)
 from pypto_bench.errors import ModelLoadError
+from pypto_bench.multi.fit import checkpoint_bytes, fit_reason, out_of_memory
+from pypto_bench.multi.preflight import visible_devices
 from pypto_bench.report import format_table
 from pypto_capture.device import free_bytes
 
@@ -179,9 +175,9 @@ def test_out_of_memory_is_recognised_through_the_loader_s_wrapping():
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     wrapped = ModelLoadError("loading /m failed: OutOfMemoryError: ...")
     wrapped.__cause__ = oom  # what ``raise ModelLoadError(...) from err`` sets
-    assert _out_of_memory(wrapped)
-    assert _out_of_memory(RuntimeError("NPU out of memory. Tried to allocate"))
-    assert not _out_of_memory(ValueError("bad shape"))
+    assert out_of_memory(wrapped)
+    assert out_of_memory(RuntimeError("NPU out of memory. Tried to allocate"))
+    assert not out_of_memory(ValueError("bad shape"))
 
 
 def test_flag_reaches_the_config():

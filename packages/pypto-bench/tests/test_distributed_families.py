@@ -1,7 +1,7 @@
 """--nproc 2 on the tiny family folders that have a tensor-parallel plan: native
 transformers plans on unpinned folders, and the in-repo families' own ``pypto_tp_plan``
 on folders pinned by pypto-patch (LLaDA2, MiniMax M2.7 and M3, applied by
-pypto_bench.tensor_parallel): prefill logits equal the single-process run, decode tokens
+pypto_bench.multi.tensor): prefill logits equal the single-process run, decode tokens
 (eager and graph arms) equal it. One launch per folder, seq 8, one iteration."""
 
 from __future__ import annotations

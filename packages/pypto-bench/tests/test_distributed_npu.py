@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pypto_bench.distributed import _union, hccl_spans
+from pypto_bench.multi.comm import hccl_spans, union_of_spans
 
 
 def _trace(tmp_path, events):
@@ -53,7 +53,7 @@ def test_hccl_operator_spans_are_read_from_the_communication_rows(tmp_path):
     ]
     spans = hccl_spans(_trace(tmp_path, {"traceEvents": events}))
     assert spans == [(100.5, 120.5), (110.0, 140.0)]
-    assert _union(spans) == (39.5, 1)  # overlapping operators count once
+    assert union_of_spans(spans) == (39.5, 1)  # overlapping operators count once
 
 
 @pytest.mark.parametrize("payload", [42, {"traceEvents": "x"}, []])
@@ -74,7 +74,7 @@ def _two_npus() -> bool:
 @pytest.mark.skipif(not _two_npus(), reason="needs torch_npu and 2 Ascend NPUs (none here)")
 def test_hccl_graph_decode_and_share_on_two_npus(tiny_llama, tmp_path):
     from pypto_bench import BenchConfig
-    from pypto_bench.distributed import run_distributed
+    from pypto_bench.multi import run_distributed
 
     config = BenchConfig(
         model_path=str(tiny_llama), device="npu", regime="decode", arms=("eager", "graph"),

@@ -1,12 +1,13 @@
 """pypto_bench.multi's layout (issue 28): one trade per module, no private name taken across
-its modules, no import cycle among them; the old module paths re-export the very objects of
-the new homes; the launcher and rank entry points resolve by name; a run validates its
-config once."""
+its modules, no import cycle among them; the old module paths are gone and every name they
+carried is public in its one home; the launcher and rank entry points resolve by name; a run
+validates its config once."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pickle
 import subprocess
 import sys
@@ -14,17 +15,56 @@ from pathlib import Path
 
 import pytest
 
+import pypto_bench
 import pypto_bench.multi
 from pypto_bench import BenchConfig, ModelNotFoundError
+from pypto_bench.config import validate_placement
 from pypto_bench.errors import EXIT, BadInputError
 
 MULTI = Path(pypto_bench.multi.__file__).parent
-SHIMS = {
-    "pypto_bench.distributed": ("pypto_bench.multi", "pypto_bench.config"),
-    "pypto_bench.pipeline": ("pypto_bench.multi", "pypto_bench.config"),
-    "pypto_bench.tensor_parallel": ("pypto_bench.multi",),
-    "pypto_bench.lifecycle": ("pypto_bench.multi",),
-}
+#: The old homes of the multi-device code (removed: their callers import the new homes).
+OLD_HOMES = ("distributed", "pipeline", "tensor_parallel", "lifecycle")
+#: Every name the old homes carried, by its one home (old private spellings: ``_union`` is
+#: ``comm.union_of_spans``, ``_out_of_memory`` is ``fit.out_of_memory``, ``group_members``
+#: is ``lifecycle.live_group_members``, ``validate_distributed`` is ``validate_placement``).
+HOMES = {
+    "pypto_bench.config": (
+        "DEFAULT_RANK_TIMEOUT", "DISTRIBUTED_ARMS", "DISTRIBUTED_REGIMES", "MAX_RANK_TIMEOUT",
+        "PLACEMENTS", "check_rank_timeout", "validate_placement",
+    ),
+    "pypto_bench.multi": ("DEVICE_ID_ENV", "run_distributed", "run_pipeline"),
+    "pypto_bench.multi.aggregate": (
+        "LOGITS_ATOL", "LOGITS_EPS_FACTOR", "NO_BASELINE_FIGURES", "add_arm",
+    ),
+    "pypto_bench.multi.arms": ("DISTRIBUTED_AUTO_BACKEND",),
+    "pypto_bench.multi.comm": (
+        "COLLECTIVE_PREFIXES", "GRAPH_COMM_UNMEASURED_CPU", "hccl_spans", "union_of_spans",
+    ),
+    "pypto_bench.multi.fit": (
+        "BASELINE_HEADROOM", "baseline_skip_reason", "checkpoint_bytes", "fit_reason",
+        "out_of_memory",
+    ),
+    "pypto_bench.multi.launch": ("ORPHAN_GRACE_S", "free_port", "launcher_main", "run_distributed"),
+    "pypto_bench.multi.lifecycle": (
+        "EXIT_ORPHANED", "GROUP_METHOD", "ORPHAN_SIGNAL", "PARENT_POLL_S", "TERMINATED_EXIT",
+        "Terminated", "end_group_members", "group_jiffies", "group_load_sampler", "group_stats",
+        "live_group_members", "proc_stat", "set_parent_death_signal", "sigterm_as_interrupt",
+        "watch_parent",
+    ),
+    "pypto_bench.multi.pipeline": (
+        "MAX_PIPELINE_LAYERS", "declared_layers", "decoder_layers", "run_pipeline",
+        "stage_device_map",
+    ),
+    "pypto_bench.multi.preflight": (
+        "BACKEND_FOR", "check_model_code", "check_nproc", "check_tokenizer", "check_tp_plan",
+        "require_accelerate", "visible_devices",
+    ),
+    "pypto_bench.multi.rank": ("DEVICE_ID_ENV", "LAUNCHER_PID_ENV", "RANK_PARENT_POLL_S"),
+    "pypto_bench.multi.tensor": (
+        "PYPTO_PLAN_PREFIX", "STYLES", "Rule", "ShardReport", "check_plan", "load_placed",
+        "parse_plan", "plan_of", "shard_model",
+    ),
+}  # fmt: skip
 
 
 def _multi_modules() -> dict[str, ast.Module]:
@@ -77,36 +117,33 @@ def test_no_import_cycle_among_multi_modules():
         visit(name, [])
 
 
-@pytest.mark.parametrize("shim", sorted(SHIMS))
-def test_old_module_paths_re_export_the_new_homes_objects(shim):
-    """Each name of an old module is the object its new home defines (an alias, not a copy
-    that could drift); the one exception is the pipeline rules' old entry point."""
-    module = importlib.import_module(shim)
-    homes = {}
-    for sub in sorted(MULTI.glob("*.py")):
-        if sub.stem != "__main__":
-            homes[f"pypto_bench.multi.{sub.stem}"] = importlib.import_module(
-                f"pypto_bench.multi.{sub.stem}"
-            )
-    homes["pypto_bench.config"] = importlib.import_module("pypto_bench.config")
-    for name in module.__all__:
-        obj = getattr(module, name)
-        if shim == "pypto_bench.pipeline" and name == "validate_pipeline":
-            continue
-        owners = [
-            home
-            for home, mod in homes.items()
-            if home.startswith(SHIMS[shim]) and any(v is obj for v in vars(mod).values())
-        ]
-        assert owners, f"{shim}.{name} is not an object of {', '.join(SHIMS[shim])}"
+@pytest.mark.parametrize("old", OLD_HOMES)
+def test_old_module_paths_are_gone(old):
+    """No re-export module is left behind: its callers import the new homes."""
+    assert importlib.util.find_spec(f"pypto_bench.{old}") is None
+    assert not hasattr(pypto_bench, old)
 
 
-def test_old_pipeline_rules_entry_point_still_refuses_decode():
-    from pypto_bench.pipeline import validate_pipeline
+@pytest.mark.parametrize("home", sorted(HOMES))
+def test_every_name_of_the_old_paths_is_public_in_its_home(home):
+    module = importlib.import_module(home)
+    missing = [name for name in HOMES[home] if name not in module.__all__]
+    assert not missing, f"{home} does not export {missing}"
 
+
+def test_package_api_takes_run_distributed_from_its_home():
+    assert pypto_bench.run_distributed is pypto_bench.multi.run_distributed
+
+
+def test_pipeline_placement_rules_refuse_decode():
+    """The old ``validate_pipeline``: ``validate_placement`` placed by pipeline."""
     with pytest.raises(BadInputError, match="prefill regime only"):
-        validate_pipeline(BenchConfig(nproc=2, regime="decode", arms=("eager",)))
-    validate_pipeline(BenchConfig(nproc=2, regime="prefill", arms=("eager",)))
+        validate_placement(
+            BenchConfig(nproc=2, regime="decode", arms=("eager",), placement="pipeline")
+        )
+    validate_placement(
+        BenchConfig(nproc=2, regime="prefill", arms=("eager",), placement="pipeline")
+    )
 
 
 def test_rank_entry_point_travels_by_reference():

@@ -1,4 +1,4 @@
-"""pypto_bench.tensor_parallel without launching: plans are parsed and refused in one line,
+"""pypto_bench.multi.tensor without launching: plans are parsed and refused in one line,
 and the cut keeps exactly this rank's rows of every packed part (the numerical proof
 across real ranks is in test_distributed_families)."""
 

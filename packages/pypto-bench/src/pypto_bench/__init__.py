@@ -8,7 +8,6 @@ from .bench import BenchSession, open_session, run_bench, run_sweep
 from .coherence import coherence_score, degenerate_reason
 from .compare import Comparison, compare, plot
 from .config import ARMS, GRAPH_BACKENDS, REGIMES, Arm, BenchConfig, Regime
-from .distributed import run_distributed
 from .errors import (
     EXIT,
     BadInputError,
@@ -37,6 +36,7 @@ from .measure import (
     summarize_seconds,
     timed,
 )
+from .multi import run_distributed
 from .plugins import applicable_plugins, discover_plugins, register_plugin, unregister_plugin
 from .report import (
     SCHEMA_VERSION,

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT.OK if exc.code == 0 else EXIT.USAGE
     verbosity = -1 if args.quiet else int(args.verbose or 0)
     # Undone on return: main() also runs in-process (tests, tools, notebooks).
-    from .lifecycle import sigterm_as_interrupt
+    from .multi.lifecycle import sigterm_as_interrupt
 
     with (
         cli_logging(OWN_LOGGERS, verbosity, fmt="%(levelname)s %(name)s: %(message)s"),

@@ -98,7 +98,7 @@ GRAPH_BACKENDS: tuple[str, ...] = ("auto", "compile", "cudagraph", "npugraph", "
 #: so building the CLI parser does not import torch).
 MOE_ROUTINGS: tuple[str, ...] = ("exact", "static")
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
-#: Regimes and arms measured across ranks (``--nproc N > 1``; see pypto_bench.distributed).
+#: Regimes and arms measured across ranks (``--nproc N > 1``; see pypto_bench.multi).
 DISTRIBUTED_REGIMES: tuple[str, ...] = (Regime.PREFILL.value, Regime.DECODE.value)
 DISTRIBUTED_ARMS: tuple[str, ...] = (Arm.EAGER.value, Arm.GRAPH.value)
 #: ``--rank-timeout``'s default: seconds without progress on any rank before a hung run ends.
@@ -151,7 +151,7 @@ class BenchConfig:
     # MoE models only: "exact" (the model's routing, capture-safe: pypto_capture.
     # apply_exact_moe) or "static" (the seed's fixed-expert proxy; outputs differ by design).
     moe_routing: str = "exact"
-    # Ranks (pypto_bench.distributed): 1 is the single-process run; N > 1 launches N ranks
+    # Ranks (pypto_bench.multi): 1 is the single-process run; N > 1 launches N ranks
     # with torch's elastic launcher, the model sharded by its tensor-parallel plan.
     nproc: int = 1
     # --nproc > 1: seconds without progress on any rank before the run is ended as hung.

@@ -134,7 +134,7 @@ class Report:
     #: (whether ``--target-ci`` was met and why the rounds stopped). None: not recorded
     #: (reports before 1.4, multi-device runs).
     schedule: dict[str, Any] | None = None
-    #: ``--nproc N`` (pypto_bench.distributed): ranks, backend, aggregate tok/s, per-rank
+    #: ``--nproc N`` (pypto_bench.multi): ranks, backend, aggregate tok/s, per-rank
     #: step time / communication share / memory, the 1-rank baseline, scaling efficiency
     #: and agreement with it; None for a single-process run.
     distributed: dict[str, Any] | None = None

@@ -33,7 +33,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
     """Configuration of LLaDA2-MoE (``model_type: llada2_moe``); defaults are LLaDA2.0-mini's."""
 
     model_type = MODEL_TYPE
-    #: Tensor parallelism (``pypto-bench run --nproc N``; styles: pypto_bench.tensor_parallel).
+    #: Tensor parallelism (``pypto-bench run --nproc N``; styles: pypto_bench.multi.tensor).
     #: The fused q|k|v projection keeps each rank's heads of every part, the attention then
     #: runs this rank's heads (its head counts divided), ``dense`` sums over ranks; dense and
     #: shared MLPs split Megatron-style; every routed expert's matrices split the same way

@@ -107,7 +107,7 @@ def _check_quantization(quant: Any) -> None:
 
 
 #: Tensor parallelism of the pinned classes (``pypto-bench run --nproc N``; styles:
-#: pypto_bench.tensor_parallel). Attention as transformers' own MiniMax plans: q, k and v
+#: pypto_bench.multi.tensor). Attention as transformers' own MiniMax plans: q, k and v
 #: computed split and gathered (M2's q/k norms span all heads), the attention whole on every
 #: rank, ``o_proj`` taking its input slice and summing over ranks. Every routed expert's
 #: matrices split (gate|up halves, down's input dim), the experts' weighted sum reduced once
