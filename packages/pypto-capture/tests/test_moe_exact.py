@@ -365,3 +365,80 @@ def test_shared_experts_kept_as_stacks_are_not_taken_for_routed_ones():
         finally:
             handle.undo()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _routed_experts_signatures():
+    """Every routed-experts forward in the installed transformers, read from its modeling
+    files (no import): classes whose forward starts (hidden_states, top_k_index,
+    top_k_weights). Returns {module.Class: ast.arguments}."""
+    import ast
+    from pathlib import Path
+
+    import transformers
+
+    found = {}
+    for path in sorted((Path(transformers.__file__).parent / "models").glob("*/modeling_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
+                    names = [a.arg for a in fn.args.args][1:4]
+                    if names == ["hidden_states", "top_k_index", "top_k_weights"]:
+                        found[f"{path.parent.name}.{cls.name}"] = fn.args
+    return found
+
+
+def test_the_replacement_takes_every_call_a_routed_experts_forward_takes():
+    """Issue #44: the replacement must accept whatever the router hands the experts. Read
+    off every routed-experts forward this transformers ships: each call its signature
+    allows (every extra positional and keyword parameter) binds to the replacement."""
+    import inspect
+
+    from pypto_capture import apply_exact_moe, apply_static_moe
+
+    signatures = _routed_experts_signatures()
+    assert len(signatures) >= 10, sorted(signatures)  # 73 in transformers 5.25
+    model = tiny_moe("qwen3_moe")
+    for apply in (apply_exact_moe, apply_static_moe):
+        with apply(model) as handle:
+            experts = dict(model.named_modules())[handle.modules[0]]
+            replacement = inspect.signature(vars(experts)["forward"])
+            for where, args in signatures.items():
+                extra_pos = [a.arg for a in args.args][4:]
+                extra_kw = {a.arg: None for a in args.kwonlyargs}
+                try:
+                    replacement.bind(experts, "h", "i", "w", *[None] * len(extra_pos), **extra_kw)
+                except TypeError as err:
+                    raise AssertionError(f"{where}: {err}") from None
+
+
+def test_a_call_with_more_than_the_routed_triple_runs_the_module_s_own_forward():
+    """A family whose experts take one more keyword (Inkling's shared experts took
+    `gammas`): the replaced forward hands such a call to the module's own forward, so its
+    meaning is the module's and the numbers equal the native call."""
+    from pypto_capture import apply_exact_moe
+
+    model = tiny_moe("qwen3_moe")
+    name = next(n for n, m in model.named_modules() if type(m).__name__.endswith("Experts"))
+    experts = dict(model.named_modules())[name]
+    cls = type(experts)
+    assert experts.__class__.__module__.startswith("transformers.")
+
+    class ScaledExperts(cls):  # type: ignore[misc, valid-type]
+        def forward(self, hidden_states, top_k_index, top_k_weights, scale=None):
+            out = super().forward(hidden_states, top_k_index, top_k_weights)
+            return out if scale is None else out * scale
+
+    experts.__class__ = ScaledExperts
+    torch.manual_seed(0)
+    h = torch.randn(3, model.config.hidden_size)
+    n = experts.gate_up_proj.shape[0]
+    idx = torch.tensor([[0, 1], [2, 3], [n - 1, 0]])
+    w = torch.full((3, 2), 0.5)
+    with torch.no_grad():
+        want = experts(h, idx, w, scale=3.0)
+        with apply_exact_moe(model):
+            got = experts(h, idx, w, scale=3.0)
+            plain = experts(h, idx, w)
+        assert torch.allclose(got, want)
+        assert torch.allclose(plain * 3.0, want, atol=1e-5)

@@ -480,7 +480,10 @@ def _install(
 def apply_exact_moe(model: torch.nn.Module) -> MoEHandle:
     """Replace every fused experts module's forward by :func:`exact_experts_forward`.
 
-    The router is untouched. Returns a handle whose ``undo()`` restores the model's own
+    The router is untouched. Whatever the router hands the experts beyond the routed
+    triple ``(hidden_states, top_k_index, top_k_weights)`` (a keyword some family adds)
+    has the module's own meaning, so such a call goes to the module's own forward (it
+    once raised "unexpected keyword argument" in the graph arm). Returns a handle whose ``undo()`` restores the model's own
     forward; a model without fused experts comes back with an empty handle.
     """
 
@@ -490,7 +493,11 @@ def apply_exact_moe(model: torch.nn.Module) -> MoEHandle:
             hidden_states: torch.Tensor,
             top_k_index: torch.Tensor,
             top_k_weights: torch.Tensor,
+            *args: Any,
+            **kwargs: Any,
         ) -> torch.Tensor:
+            if args or kwargs:
+                return native(hidden_states, top_k_index, top_k_weights, *args, **kwargs)
             return exact_experts_forward(self, hidden_states, top_k_index, top_k_weights, native)
 
         return forward
@@ -521,7 +528,11 @@ def apply_static_moe(model: torch.nn.Module, token_counts: Iterable[int] = ()) -
             hidden_states: torch.Tensor,
             top_k_index: torch.Tensor,
             top_k_weights: torch.Tensor,
+            *args: Any,
+            **kwargs: Any,
         ) -> torch.Tensor:
+            if args or kwargs:
+                return native(hidden_states, top_k_index, top_k_weights, *args, **kwargs)
             return _static_forward(tables, self, hidden_states, top_k_index, top_k_weights)
 
         return forward
