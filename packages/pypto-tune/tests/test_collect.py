@@ -209,3 +209,24 @@ def test_detail_without_decodable_stacks_profiles_again_without_them(tmp_path):
     clean = profile_step(lambda: torch.mm(x, x), level="detail", iters=1, warmup=0, peaks=False)
     assert clean.meta["stacks"] is True
     assert not any("stacks" in w for w in clean.warnings)
+
+
+def test_the_hf_compile_arm_is_profiled_per_token_not_per_generate(tiny_llama, eager_profile):
+    """Issue #45, item 1: the hf-compile arm (transformers' generate with a compiled
+    forward) recorded no step marks, so whole generate calls were reported as "decode step
+    (one token)" and `compare eager hf-compile` said 0.01x. Its steps are now its compiled
+    forward calls: one per generated token, each near the eager step, not 16 of them."""
+    from pypto_bench import BenchConfig
+    from pypto_tune import compare_profiles, profile_model
+
+    config = BenchConfig(model_path=str(tiny_llama), device="cpu", regime="decode", seq=8, gen=16)
+    prof = profile_model(config, arm="hf-compile", level="light", iters=2)
+    step = prof.step
+    assert prof.step_us > 0
+    assert any("compiled forward calls" in w for w in prof.warnings), prof.warnings
+    # 15 decode tokens per generate (the first token comes from the prefill), two iterations
+    assert 2 * 10 <= len(step.get("time_us", {}).get("samples", [])) <= 2 * 16, step
+    # a step is one token's forward: within a small factor of eager's, never a whole call
+    assert prof.step_us < 5 * eager_profile.step_us, (prof.step_us, eager_profile.step_us)
+    c = compare_profiles(eager_profile, prof)
+    assert c["opt"]["step_us"] == prof.step_us
