@@ -148,18 +148,26 @@ EXIT_TABLES = [
 
 
 def render_exit_codes() -> str:
-    from pypto_common import COMMON_CODES, EXIT_RANGES
+    from pypto_common import COMMON_CODES, EXIT_RANGES, EXTRA_EXIT_RANGES
 
     def cell(text: str) -> str:
         return " ".join(text.split()).replace("|", "\\|")
 
     parts = [EXIT_INTRO.rstrip("\n")]
     parts += [f"| {r.start}-{r.stop - 1} | `{tool}` |" for tool, r in EXIT_RANGES.items()]
+    parts += [
+        f"| {r.start}-{r.stop - 1} | `{tool}` (its second range) |"
+        for tool, r in EXTRA_EXIT_RANGES.items()
+    ]
     parts += ["", "## Shared by every tool", "", "| code | name | meaning |", "|---|---|---|"]
     parts += [f"| {c} | `{n}` | {cell(m)} |" for c, n, m in COMMON_CODES]
     for tool, module in EXIT_TABLES:
         table = importlib.import_module(module).EXIT
-        parts += ["", f"## `{tool}` ({table.range.start}-{table.range.stop - 1})", ""]
+        spans = [f"{table.range.start}-{table.range.stop - 1}"]
+        extra = EXTRA_EXIT_RANGES.get(tool)
+        if extra is not None:
+            spans.append(f"{extra.start}-{extra.stop - 1}")
+        parts += ["", f"## `{tool}` ({', '.join(spans)})", ""]
         parts += ["| code | name | meaning |", "|---|---|---|"]
         parts += [f"| {e.code} | `{e.name}` | {cell(e.meaning)} |" for e in table]
     return "\n".join(parts) + "\n"

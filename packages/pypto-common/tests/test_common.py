@@ -103,6 +103,19 @@ def test_exit_table_by_name_and_range_checks():
         pc.ExitCodeTable("pypto-bench", [(1, "OOPS", "")])
 
 
+def test_a_second_range_is_its_tools_alone():
+    """pypto-bench's 40-49 is full: its second range 110-119 takes the numerical gate's
+    code; no other tool may use it, and past it is still outside."""
+    assert pc.EXTRA_EXIT_RANGES["pypto-bench"] == range(110, 120)
+    assert pc.ExitCodeTable("pypto-bench", [(110, "INACCURATE", "")]).INACCURATE == 110
+    with pytest.raises(ValueError, match="outside its range"):
+        pc.ExitCodeTable("pypto-bench", [(120, "X", "past the second range")])
+    with pytest.raises(ValueError, match="outside its range"):
+        pc.ExitCodeTable("pypto-tune", [(110, "X", "pypto-bench's second range")])
+    for extra in pc.EXTRA_EXIT_RANGES.values():
+        assert all(not set(extra) & set(r) for r in pc.EXIT_RANGES.values())
+
+
 def test_ranges_do_not_overlap():
     seen: set[int] = set()
     for r in pc.EXIT_RANGES.values():

@@ -190,6 +190,14 @@ _FLAGS: tuple[_Flag, ...] = (
         action="store_true",
     ),
     _Flag(
+        "allow_inaccurate",
+        "--allow-inaccurate",
+        "run: exit 0 even when an arm fails the numerical gate (its logits differ from "
+        "eager's beyond the dtype's allowance); the arm stays marked 'numerics: fail' and "
+        "its ratios 'not comparable' on every surface",
+        action="store_true",
+    ),
+    _Flag(
         "diffusion_steps",
         "--diffusion-steps",
         "denoising steps (default --gen)",

@@ -239,10 +239,11 @@ def _measure(ctx: Context, report: Report) -> None:
 
     tokens: dict[str, Any] = {}
     why = None
+    after = _numerics_after(ctx, report)
     if ctx.config.schedule == Schedule.INTERLEAVED:
         arms = [ArmResult(name=name) for name in ctx.config.arms]
         try:
-            tokens, report.schedule = run_interleaved(ctx, arms, failed)
+            tokens, report.schedule = run_interleaved(ctx, arms, failed, after=after)
             report.arms.extend(arms)
         except Fallback as err:
             why = f"not interleaved: {err}"
@@ -253,7 +254,7 @@ def _measure(ctx: Context, report: Report) -> None:
             arm = ArmResult(name=name)
             report.arms.append(arm)
             try:
-                tokens[name] = measure_arm(ctx, arm)
+                tokens[name] = measure_arm(ctx, arm, **({"after": after} if after else {}))
                 order += [[name, i] for i in range(len(arm.tokens_per_s.get("samples") or []))]
             except Exception as err:
                 failed(arm, err)
@@ -265,9 +266,53 @@ def _measure(ctx: Context, report: Report) -> None:
             **({"why": why} if why else {}),
         }
     _check_agreement(ctx, report, tokens)
+    _numerics_verdict(ctx, report)
     if ctx.config.regime == Regime.DECODE:
         _fill_roofline(ctx, report)
     report.finish()
+
+
+def _numerics_after(ctx: Context, report: Report) -> Any:
+    """The numerical gate's per-arm callback (pypto_bench.numerics), its eager reference
+    taken now on the model as loaded; None when no arm needs it."""
+    from .numerics import after_hook, eager_reference
+
+    if ctx.config.regime not in (Regime.DECODE, Regime.PREFILL):
+        return None
+    if not any(name != Arm.EAGER for name in ctx.config.arms):
+        return None
+    try:
+        ref = eager_reference(ctx)
+    except Exception as err:  # the eager arm will say why it fails; the gate says it too
+        report.warnings.append(f"numerics not checked: the eager reference failed: {err}")
+        return None
+    return after_hook(ctx, ref)
+
+
+def _numerics_verdict(ctx: Context, report: Report) -> None:
+    """Arms the gate failed: a report warning each, and the user's --allow-inaccurate;
+    arms it did not check say why."""
+    for arm in report.arms:
+        if arm.numerics is None and arm.ok and arm.name != Arm.EAGER:
+            arm.numerics = {
+                "verdict": "exempt" if arm.outputs_differ_by_design else "not checked",
+                "why": arm.outputs_differ_by_design
+                or (
+                    f"the {ctx.config.regime} regime's logits are not compared yet (its tokens are)"
+                    if ctx.config.regime not in (Regime.DECODE, Regime.PREFILL)
+                    else "no eager reference (see the warnings)"
+                ),
+            }
+        num = arm.numerics or {}
+        if num.get("verdict") != "fail":
+            continue
+        if ctx.config.allow_inaccurate:
+            num["allowed_by_user"] = True
+        allowed = " (allowed by --allow-inaccurate)" if ctx.config.allow_inaccurate else ""
+        report.warnings.append(
+            f"{arm.name}: numerics FAIL{allowed}: {num.get('why')}: it computes something "
+            "else than eager, its ratios are not comparable"
+        )
 
 
 def _ctx_for_batch(ctx: Context, batch: int) -> Context:
@@ -298,6 +343,7 @@ def _sweep_entry(batch: int, run: Report) -> dict[str, Any]:
                 "ratio_vs_eager": a.ratio_vs_eager,
                 "ratio_vs_peer": a.ratio_vs_peer,
                 "token_match": a.token_match,
+                "numerics": a.numerics,
                 "outputs_differ_by_design": a.outputs_differ_by_design,
                 "memory": a.memory,
                 "roofline": a.roofline,

@@ -351,6 +351,19 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
     if not report.ok:
         _err(f"arm(s) failed: {', '.join(report.failed_arm_causes)} (details in the report)")
         return EXIT.ARM_FAILED
+    wrong = report.numerics_failed
+    if wrong and config.allow_inaccurate:
+        _err(
+            f"numerics FAIL allowed by --allow-inaccurate: {', '.join(wrong)} compute(s) "
+            "something else than eager; their ratios are not comparable"
+        )
+    elif wrong:
+        _err(
+            f"numerics FAIL: {', '.join(wrong)} compute(s) something else than eager (the "
+            "report says by how much); their ratios are not comparable. Find where with "
+            "`pypto-precision check`; --allow-inaccurate exits 0"
+        )
+        return EXIT.INACCURATE
     return code
 
 

@@ -141,6 +141,9 @@ class BenchConfig:
     attn_implementation: str | None = None
     trust_remote_code: bool = False
     ignore_eos: bool = False
+    # ``--allow-inaccurate``: an arm the numerical gate fails (pypto_bench.numerics) is
+    # still marked on every surface, but the run exits 0 and says the user allowed it.
+    allow_inaccurate: bool = False
     diffusion_steps: int | None = None
     block_length: int | None = None
     report_file: str | None = None
@@ -359,6 +362,7 @@ class BenchConfig:
             "attn_implementation": self.attn_implementation,
             "trust_remote_code": self.trust_remote_code,
             "ignore_eos": self.ignore_eos,
+            **({"allow_inaccurate": True} if self.allow_inaccurate else {}),
             "diffusion_steps": self.effective_diffusion_steps,
             "block_length": self.block_length,
             "measure_bandwidth": self.measure_bandwidth,

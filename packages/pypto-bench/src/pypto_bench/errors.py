@@ -31,7 +31,7 @@ __all__ = [
     "TooManyRanksError",
 ]
 
-#: pypto-bench's exit codes (shared 0-3 plus its own range 40-49); read them by name.
+#: pypto-bench's exit codes (shared 0-3 plus its own ranges 40-49 and 110-119); read them by name.
 EXIT = ExitCodeTable(
     "pypto-bench",
     [
@@ -71,6 +71,13 @@ EXIT = ExitCodeTable(
             "REGRESSION",
             "history check: the newest run of a (model, regime, arm, device) is slower than "
             "its history (the rule is in the README); the lines on stderr name it",
+        ),
+        (
+            110,
+            "INACCURATE",
+            "run: an arm failed the numerical gate (its logits differ from eager's beyond the "
+            "dtype's allowance: it computes something else); it is marked 'numerics: fail' and "
+            "its ratios 'not comparable'; --allow-inaccurate exits 0 instead",
         ),
     ],
 )

@@ -56,6 +56,7 @@ from .report import (
     memory_note,
     mitigations_line,
     noise_lines,
+    numerics_line,
     schedule_lines,
     sweep_rows,
     vl_line,
@@ -134,6 +135,19 @@ def _glance(data: dict[str, Any]) -> Raw:
             cls="badge bad",
         )
     ]
+    wrong = [str(a.get("name")) for a in arms if (a.get("numerics") or {}).get("verdict") == "fail"]
+    if wrong:
+        allowed = any((a.get("numerics") or {}).get("allowed_by_user") for a in arms)
+        badges.append(
+            tag(
+                "span",
+                f"NUMERICS FAIL: {', '.join(wrong)} (ratios not comparable"
+                + ("; allowed by --allow-inaccurate)" if allowed else ")"),
+                cls="badge bad",
+            )
+        )
+    # The fastest arm is quoted from the arms whose numbers are right.
+    ok = [a for a in ok if str(a.get("name")) not in wrong]
     if (data.get("noise") or {}).get("noisy"):
         badges.append(tag("span", "NOISY: see the noise verdicts", cls="badge warn"))
     best = max(
@@ -177,6 +191,11 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
                 failed.append(f"{arm.get('name')} (batch {entry.get('batch')}): {arm.get('error')}")
     if failed:
         out.append(box(failed, kind="bad", title="Failed arms"))
+    verdicts = [(a, numerics_line(a)) for a in arms]
+    bad = [f"{a.get('name')}: {line}" for a, line in verdicts if line and "FAIL" in line]
+    if bad:
+        out.append(box(bad, kind="bad", title="Numerics: arms that compute something else"))
+    fine = [f"{a.get('name')}: {line}" for a, line in verdicts if line and "FAIL" not in line]
     noise = noise_lines(data)
     if noise:
         out.append(box(noise, kind="warn", title="Noise verdicts"))
@@ -188,6 +207,8 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
         out.append(box(warnings, kind="warn", title="Warnings"))
     if not out:
         out.append(box(["no failed arm, no noise verdict, no warning"], kind="ok"))
+    if fine:
+        out.append(box(fine, kind="ok", title="Numerics (each arm against eager)"))
     return out
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "CPU_MEMORY_HEADERS",
     "DIFFUSION_HEADERS",
     "HEADERS",
+    "NOT_COMPARABLE",
     "SCHEMA_VERSION",
     "SWEEP_HEADERS",
     "ArmResult",
@@ -52,6 +53,7 @@ __all__ = [
     "model_section",
     "new_report",
     "noise_lines",
+    "numerics_line",
     "ratio_cell",
     "report_to_markdown",
     "schedule_lines",
@@ -66,7 +68,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -107,6 +109,11 @@ class ArmResult:
     #: Set by the noise guard (pypto_bench.noise) when this arm's timing verdicts cannot
     #: be trusted: ``{"verdicts": ["tok/s", "x eager", "roofline %"], "why": "..."}``.
     unreliable: dict[str, Any] | None = None
+    #: The numerical gate's verdict (pypto_bench.numerics): ``{"verdict": "pass" | "fail" |
+    #: "exempt" | "not checked", "why", ...}`` with the metrics and the allowance it was
+    #: judged against. A failed arm's ratios are None: they are not comparable. None:
+    #: eager (the reference), a failed arm, or a report before 1.5.
+    numerics: dict[str, Any] | None = None
 
 
 @dataclass
@@ -177,7 +184,20 @@ class Report:
             arm.ratio_to_eager = (best / base) if (base and best and arm.ok) else None
             arm.ratio_to_peer = (best / peer_base) if (peer_base and best and arm.ok) else None
         self._fill_intervals(eager, peer)
+        for arm in self.arms:
+            if (arm.numerics or {}).get("verdict") == "fail":
+                # No ratio of an arm that computes something else reaches any output.
+                arm.ratio_to_eager = arm.ratio_to_peer = None
+                arm.ratio_vs_eager = arm.ratio_vs_peer = None
+            if arm.name == Arm.HF_COMPILE and (arm.numerics or {}).get("verdict") == "fail":
+                for other in self.arms:  # a ratio to a wrong peer is no ratio either
+                    other.ratio_to_peer = other.ratio_vs_peer = None
         self.ok = not self.failed_arms
+
+    @property
+    def numerics_failed(self) -> list[str]:
+        """Arms the numerical gate failed (pypto_bench.numerics)."""
+        return [a.name for a in self.arms if (a.numerics or {}).get("verdict") == "fail"]
 
     def _fill_intervals(self, eager: ArmResult | None, peer: ArmResult | None) -> None:
         """Each ok arm's tok/s median with its 95% interval (``tokens_per_s["interval"]``)
@@ -505,17 +525,18 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
         by_design = bool(arm.get("outputs_differ_by_design"))
         roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
         ttft = (arm.get("ttft_s") or {}).get("median")
+        wrong = (arm.get("numerics") or {}).get("verdict") == "fail"
         rows.append(
             [
                 arm["name"],
-                "ok" if arm["ok"] else "FAILED",
+                ("NUMERICS FAIL" if wrong else "ok") if arm["ok"] else "FAILED",
                 _fmt(tps.get("best")),
                 _fmt(tps.get("median")),
                 _fmt(tps.get("mean")),
                 _fmt(tps.get("stdev")),
                 _fmt(ttft * 1000 if ttft is not None else None, ".2f"),
-                ratio_cell(arm, "ratio_vs_eager", "ratio_to_eager"),
-                ratio_cell(arm, "ratio_vs_peer", "ratio_to_peer"),
+                NOT_COMPARABLE if wrong else ratio_cell(arm, "ratio_vs_eager", "ratio_to_eager"),
+                NOT_COMPARABLE if wrong else ratio_cell(arm, "ratio_vs_peer", "ratio_to_peer"),
                 "by design"
                 if by_design
                 else _fmt(match * 100 if match is not None else None, ".1f"),
@@ -525,6 +546,25 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
             ]
         )
     return rows
+
+
+#: What a ratio cell of an arm the numerical gate failed says.
+NOT_COMPARABLE = "not comparable"
+
+
+def numerics_line(arm: dict[str, Any]) -> str | None:
+    """One line on an arm's numerical verdict for every report surface (None: none)."""
+    num = arm.get("numerics") or {}
+    verdict = num.get("verdict")
+    if verdict is None:
+        return None
+    if verdict == "fail":
+        allowed = " (allowed by --allow-inaccurate)" if num.get("allowed_by_user") else ""
+        return (
+            f"numerics FAIL{allowed}: {num.get('why')} against {num.get('basis')}; "
+            "its ratios are not comparable"
+        )
+    return f"numerics {verdict}: {num.get('why')}"
 
 
 def interval_text(interval: dict[str, Any] | None, spec: str = ".2f") -> str | None:
@@ -799,6 +839,10 @@ def format_table(report: Report | dict[str, Any]) -> str:
             first, *more = failure_lines(arm)
             lines.append(f"{arm['name']}: {first}")
             lines += [f"  {m}" for m in more]
+    for arm in data["arms"]:
+        line = numerics_line(arm)
+        if line:
+            lines.append(f"{arm['name']}: {line}")
     lines += _sweep_lines(data)
     lines += _distributed_lines(data)
     return "\n".join(lines)
@@ -988,6 +1032,10 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             lines.append(
                 f"\n- `{arm['name']}`: outputs differ by design ({arm['outputs_differ_by_design']})"
             )
+    for arm in data["arms"]:
+        line = numerics_line(arm)
+        if line:
+            lines.append(f"\n- `{arm['name']}` {line}")
     failed = [a for a in data["arms"] if not a["ok"]]
     for arm in failed:
         lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")

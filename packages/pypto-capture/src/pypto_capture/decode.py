@@ -115,6 +115,10 @@ class DecodeStepRunner:
         self._mask_mapping = _hf.accepts_mask_mapping(model)
         self.cache: Any = None
         self.tok = torch.zeros(batch_size, 1, dtype=torch.long, device=dev)
+        #: The last step's logits ``[B, vocab]`` (the prefill's last position, then each
+        #: step's): a fixed buffer the captured step writes, as it writes ``tok``, so a
+        #: replay's numbers can be checked (``forced_logits``); allocated by the first prefill.
+        self.logits: torch.Tensor | None = None
         self._captured: Any = None
         self._host_pos = 0  # host mirror of the cache position: bookkeeping without syncs
         self.capture_s = 0.0
@@ -191,7 +195,11 @@ class DecodeStepRunner:
             )
         self.cache.load_prefill(prefilled, attention_mask)
         self._host_pos = p
-        first = out.logits[:, -1, :].argmax(-1)
+        last = out.logits[:, -1, :]
+        if self.logits is None or self.logits.shape != last.shape:
+            self.logits = torch.empty_like(last)
+        self.logits.copy_(last)
+        first = last.argmax(-1)
         self.tok.copy_(first.unsqueeze(-1))
         return first
 
@@ -208,7 +216,10 @@ class DecodeStepRunner:
             **{self._cache_kw: cache},
             **self._model_kwargs(),
         )
-        nxt = out.logits[:, -1, :].argmax(-1)
+        last = out.logits[:, -1, :]
+        assert self.logits is not None  # prefill ran before any step
+        self.logits.copy_(last)
+        nxt = last.argmax(-1)
         self.tok.copy_(nxt.unsqueeze(-1))
         cache.advance(1)
         return self.tok
@@ -293,6 +304,44 @@ class DecodeStepRunner:
                 tokens[:, i].copy_(out[:, 0])
         self._host_pos += steps
         return tokens
+
+    @torch.no_grad()
+    def forced_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """Teacher-forced logits ``[B, n, vocab]`` of this runner over ``tokens`` ``[B, n]``.
+
+        Why: free-running greedy tokens are a weak check (one flipped token and every later
+        position differs; a 1% error can leave every argmax unchanged). Here step 0 is the
+        prefill's last logits and step ``i`` the captured step replayed on ``tokens[:, i-1]``,
+        so each step is fed the reference's tokens and judged on its own. The cache is
+        rewound first; the timed iterations rewind it again.
+        """
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch_size or tokens.shape[1] < 1:
+            raise PyptoCaptureError(
+                f"tokens must be [batch_size={self.batch_size}, n >= 1], got {tuple(tokens.shape)}"
+            )
+        n = int(tokens.shape[1])
+        self.reset()
+        self.prefill(input_ids, attention_mask)
+        if self._host_pos + n - 1 > self.max_cache_len:
+            raise PyptoCaptureError(
+                f"{n - 1} steps after {self._host_pos} cached tokens exceed "
+                f"max_cache_len={self.max_cache_len}"
+            )
+        self.capture()
+        assert self.logits is not None
+        out = torch.empty(
+            (self.batch_size, n, self.logits.shape[-1]), dtype=self.logits.dtype, device=self.device
+        )
+        out[:, 0].copy_(self.logits)
+        forced = tokens.to(self.device)
+        for i in range(1, n):
+            self.tok.copy_(forced[:, i - 1 : i])
+            self._captured.replay()
+            out[:, i].copy_(self.logits)
+        self._host_pos += n - 1
+        return out
 
     def generate(
         self,

@@ -60,7 +60,13 @@ EXIT = ExitCodeTable(
             "BENCH_FAILED",
             "the bench step failed before measuring (e.g. the model did not load)",
         ),
-        (65, "ARM_FAILED", "the bench ran but at least one arm failed; the report says why"),
+        (
+            65,
+            "ARM_FAILED",
+            "the bench ran but at least one arm failed, or failed the numerical gate (it "
+            "computes something else than eager; --allow-inaccurate lets it pass, marked); "
+            "the report says why",
+        ),
         (66, "REPORT_FAILED", "the report could not be written or rendered"),
         (
             67,

@@ -236,6 +236,10 @@ def do_bench(state: RunState) -> StepResult:
         note = f"the report could not be written to {report_json}; it was saved to {written}"
         state.say(f"[bench] {note}")
     failed = list(report.failed_arms)
+    # An arm that computes something else than eager (pypto-bench's numerical gate) fails
+    # the run like a failed arm, unless --allow-inaccurate (the report still marks it).
+    if not bench_config.allow_inaccurate:
+        failed += [f"{name} (numerics: fail)" for name in report.numerics_failed]
     summary = f"arms failed: {', '.join(failed)}" if failed else "all arms ok"
     outputs: dict[str, Any] = {
         "report_json": str(written),

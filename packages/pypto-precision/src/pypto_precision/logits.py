@@ -100,12 +100,22 @@ def logit_metrics(target: torch.Tensor, reference: torch.Tensor) -> LogitMetrics
 
 
 def judge_logits(
-    metrics: LogitMetrics, dtype: str, *, floor: LogitMetrics | None = None, k: float = DEFAULT_K
+    metrics: LogitMetrics,
+    dtype: str,
+    *,
+    floor: LogitMetrics | None = None,
+    k: float = DEFAULT_K,
+    allowed: float | None = None,
+    basis: str | None = None,
 ) -> LogitCheck:
     """Pass when the logits are finite and the KL max is within the allowance for ``dtype``
-    (``k`` x the floor's KL max, at least ``KL_MIN``; else ``KL_DEFAULT``)."""
+    (``k`` x the floor's KL max, at least ``KL_MIN``; else ``KL_DEFAULT``). ``allowed``
+    (with ``basis``, the words for where it comes from) overrides both: a caller with its
+    own rule, e.g. pypto-bench's gate (an arm against eager on the same device and dtype)."""
     floor_kl = floor.kl_max if floor is not None else None
-    if floor_kl is not None:
+    if allowed is not None:
+        basis = basis or "the caller's allowance"
+    elif floor_kl is not None:
         allowed = max(k * floor_kl, KL_MIN.get(dtype, 1e-9))
         basis = f"{k:g} x floor {floor_kl:.3g}"
     else:

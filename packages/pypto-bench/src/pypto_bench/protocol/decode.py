@@ -30,6 +30,7 @@ __all__ = [
     "decode_sample",
     "eager_generate",
     "fill_decode",
+    "generate_logits",
     "graph_decode_iteration",
     "run_decode",
 ]
@@ -112,6 +113,34 @@ def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[A
     return out[:, ctx.input_ids.shape[1] :], stamp.stamp - start, end - stamp.stamp
 
 
+def generate_logits(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """One greedy generate, untimed, with its raw logits: (tokens [B, n], logits [B, n, V]).
+
+    The numerical gate's reference (the eager arm's own path, so its tokens are the eager
+    arm's) and the hf-compile arm's logits (``extra``: its recipe). Raw logits, before any
+    processor (``min_new_tokens`` masks EOS in the processed scores).
+    """
+    import torch
+
+    cfg = ctx.config
+    kwargs: dict[str, Any] = {
+        "input_ids": ctx.input_ids,
+        "attention_mask": ctx.attention_mask,
+        "do_sample": False,
+        "max_new_tokens": cfg.gen,
+        "pad_token_id": ctx.pad_id,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    if cfg.ignore_eos:
+        kwargs["min_new_tokens"] = cfg.gen
+    kwargs.update(extra or {})
+    with torch.inference_mode():
+        out = ctx.model.generate(**kwargs)
+    tokens = out.sequences[:, ctx.input_ids.shape[1] :]
+    return tokens, torch.stack(list(out.logits), dim=1)
+
+
 def decode_sample(ctx: Context, tokens: Any, ttft: float, decode_s: float) -> dict[str, Any]:
     """One iteration's figures: tokens per row, decode tokens, ttft, decode time, tok/s."""
     counts = count_tokens(tokens, ctx.eos_ids, ignore_eos=ctx.config.ignore_eos)
@@ -163,6 +192,14 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         rest, dec = timed(ctx.device, lambda: runner.decode(first, cfg.gen - 1))
         return torch.cat([first.reshape(-1, 1), rest], dim=1), ttft, dec
 
+    def forced(tokens: Any) -> Any:
+        with torch.inference_mode():
+            return runner.forced_logits(ctx.input_ids, ctx.attention_mask, tokens)
+
+    # The numerical gate's view of this arm (pypto_bench.numerics): the captured step's
+    # logits, teacher-forced with the reference's tokens.
+    once.forced_logits = forced  # type: ignore[attr-defined]
+
     with torch.inference_mode():
         runner.reset()
         runner.prefill(ctx.input_ids, ctx.attention_mask)
@@ -209,7 +246,14 @@ def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[DecodeIteration]:
     elif arm.name == Arm.HF_COMPILE:
         with recipe_scope(ctx):
             extra = peer_generate_kwargs(ctx, arm)
-            yield lambda: eager_generate(ctx, extra)
+
+            def once() -> tuple[Any, float, float]:
+                return eager_generate(ctx, extra)
+
+            # The numerical gate's view of this arm (pypto_bench.numerics): its own
+            # generate with the raw logits (transformers' generate takes no forced tokens).
+            once.free_logits = lambda: generate_logits(ctx, extra)  # type: ignore[attr-defined]
+            yield once
     else:
         yield graph_decode_iteration(ctx, arm)
 
@@ -227,12 +271,18 @@ def compile_first(ctx: Context, arm: ArmResult, once: DecodeIteration) -> None:
 
 
 def run_decode(
-    ctx: Context, arm: ArmResult, mem: Memory, keep: dict[str, Any] | None = None
+    ctx: Context,
+    arm: ArmResult,
+    mem: Memory,
+    keep: dict[str, Any] | None = None,
+    after: Callable[[ArmResult, Any], None] | None = None,
 ) -> Any:
     """Warmup and timed iterations of ``arm.name`` in the decode regime; its last tokens.
 
     ``keep`` receives the iteration function (``keep["once"]``): ``--nproc`` ranks run
-    one more, untimed, under the profiler to measure the time in collectives.
+    one more, untimed, under the profiler to measure the time in collectives. ``after(arm,
+    once)`` runs once the timed iterations are done, the arm still built (the numerical
+    gate's teacher-forced pass).
     """
     import torch
 
@@ -253,6 +303,8 @@ def run_decode(
                 samples.append(decode_sample(ctx, tokens, ttft, dec))
                 mem.sample()
                 tick(ctx, arm.name, cfg.warmup + i + 1)
+        if after is not None:
+            after(arm, once)
     fill_decode(arm, samples)
     return tokens
 
@@ -263,9 +315,14 @@ class DecodeRegime(RegimeProtocol):
     regime = Regime.DECODE.value
 
     def run(
-        self, ctx: Context, arm: ArmResult, mem: Memory, keep: dict[str, Any] | None = None
+        self,
+        ctx: Context,
+        arm: ArmResult,
+        mem: Memory,
+        keep: dict[str, Any] | None = None,
+        after: Callable[[ArmResult, Any], None] | None = None,
     ) -> Any:
-        return run_decode(ctx, arm, mem, keep)
+        return run_decode(ctx, arm, mem, keep, after)
 
     def iteration(
         self, ctx: Context, arm: ArmResult

@@ -113,7 +113,12 @@ def prefill_mitigations(
 
 
 def run_graph_prefill(
-    ctx: Context, arm: ArmResult, mem: Memory, *, mitigate: bool | None = None
+    ctx: Context,
+    arm: ArmResult,
+    mem: Memory,
+    *,
+    mitigate: bool | None = None,
+    after: Callable[[ArmResult, Any], None] | None = None,
 ) -> Any:
     """The graph arms: the forward captured, ``warmup`` then ``iters`` timed replays."""
     import torch
@@ -139,6 +144,8 @@ def run_graph_prefill(
     arm.details["backend"] = getattr(result, "backend", cfg.graph_backend)
     arm.details["capture_s"] = getattr(result, "capture_s", None)
     fill_prefill(ctx, arm, times)
+    if after is not None:  # the last replay's logits (pypto_bench.numerics)
+        after(arm, lambda: result.output)
     return prefill_tokens(result.output)
 
 
@@ -190,21 +197,33 @@ def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[Callable[[], Any]]:
             yield _captured_forward(ctx, arm, stack)
 
 
-def run_prefill(ctx: Context, arm: ArmResult, mem: Memory, *, mitigate: bool | None = None) -> Any:
+def run_prefill(
+    ctx: Context,
+    arm: ArmResult,
+    mem: Memory,
+    *,
+    mitigate: bool | None = None,
+    after: Callable[[ArmResult, Any], None] | None = None,
+) -> Any:
     """Warmup and timed forwards of ``arm.name`` in the prefill regime; the argmax tokens.
 
     The graph arms time their replays through ``capture_and_replay``; eager and hf-compile
     through the eager loop (hf-compile's first call, which compiles, is ``capture_s``).
+    ``after(arm, forward)`` runs once the timed forwards are done, the arm still built
+    (the numerical gate reads its logits).
     """
     import torch
 
     if arm.name not in (Arm.EAGER, Arm.HF_COMPILE):
-        return run_graph_prefill(ctx, arm, mem, mitigate=mitigate)
+        return run_graph_prefill(ctx, arm, mem, mitigate=mitigate, after=after)
     with _arm_iteration(ctx, arm) as fn:
         if arm.name == Arm.HF_COMPILE:
             with torch.inference_mode():
                 _, arm.details["capture_s"] = timed(ctx.device, fn)
-        return run_eager_prefill(ctx, arm, mem, fn)
+        tokens = run_eager_prefill(ctx, arm, mem, fn)
+        if after is not None:
+            after(arm, fn)
+        return tokens
 
 
 class PrefillRegime(RegimeProtocol):
@@ -212,8 +231,14 @@ class PrefillRegime(RegimeProtocol):
 
     regime = Regime.PREFILL.value
 
-    def run(self, ctx: Context, arm: ArmResult, mem: Memory) -> Any:
-        return run_prefill(ctx, arm, mem)
+    def run(
+        self,
+        ctx: Context,
+        arm: ArmResult,
+        mem: Memory,
+        after: Callable[[ArmResult, Any], None] | None = None,
+    ) -> Any:
+        return run_prefill(ctx, arm, mem, after=after)
 
     def iteration(
         self, ctx: Context, arm: ArmResult

@@ -1,0 +1,140 @@
+"""The numerical gate (issue #42): every non-eager arm's logits against eager's, teacher-
+forced; an arm that computes something else is marked on every surface, its ratios are
+not comparable, and the run exits INACCURATE unless --allow-inaccurate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pypto_bench import EXIT
+from pypto_bench.cli import main
+from pypto_bench.html_report import report_to_html
+from pypto_bench.report import NOT_COMPARABLE, format_table, report_to_markdown
+
+
+def test_a_correct_graph_arm_passes_teacher_forced(decode_report):
+    """fp32, tiny Llama, batch 2: the captured step replayed on eager's own tokens gives
+    eager's logits (KL far under the fp32 allowance), and its ratio is quoted."""
+    report, _ = decode_report
+    graph = report.arm("graph")
+    num = graph.numerics
+    assert num["verdict"] == "pass", num
+    assert num["basis"] == "teacher-forced with the eager tokens"
+    m = num["metrics"]
+    assert m["steps"] == 2 * 12  # every step of both rows: the prefill's and 11 replays
+    assert m["kl_max"] < 1e-9
+    assert m["top1_agreement"] == 1.0
+    assert m["nonfinite"] == 0
+    assert num["allowed_kl_max"] == 1e-9
+    assert num["dtype"] == "float32"
+    assert graph.ratio_to_eager is not None
+    assert report.numerics_failed == []
+    assert "graph: numerics pass: KL max" in format_table(report)
+    assert report.arm("eager").numerics is None  # the reference itself
+
+
+class _OnePercent:
+    """A broken kernel plug-in (the `pypto.kernels` hook): layer 1's MLP output 1% off,
+    only while its arm (pypto+graph) runs. Greedy tokens of a tiny model survive it."""
+
+    name = "broken_mlp"
+
+    def applies_to(self, model):
+        return hasattr(model, "model")
+
+    def enable(self, model):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def on():
+            mlp = model.model.layers[1].mlp
+            handle = mlp.register_forward_hook(lambda m, a, out: out * 1.01)
+            try:
+                yield
+            finally:
+                handle.remove()
+
+        return on()
+
+    def report(self):
+        return {}
+
+
+@pytest.fixture
+def broken_plugin():
+    import pypto_bench
+
+    plugin = _OnePercent()
+    pypto_bench.register_plugin(plugin)
+    try:
+        yield plugin
+    finally:
+        pypto_bench.unregister_plugin(plugin)
+
+
+def _run(tiny_llama, tmp_path, regime, *extra):
+    out = tmp_path / f"{regime}.json"
+    argv = ["run", "--model-path", str(tiny_llama), "--device", "cpu", "--regime", regime,
+            "--seq", "8", "--gen", "8", "--warmup", "1", "--iters", "2",
+            "--arms", "eager,pypto+graph", "--report-file", str(out), "--no-progress", *extra]  # fmt: skip
+    return main(argv), out
+
+
+def test_a_plugin_one_percent_off_fails_the_gate(broken_plugin, tiny_llama, tmp_path, capsys):
+    """Decode: the pypto+graph arm with the broken plug-in runs, its greedy tokens may
+    even match, but its teacher-forced logits do not: numerics FAIL, no ratio anywhere,
+    exit INACCURATE with the way forward named."""
+    code, out = _run(tiny_llama, tmp_path, "decode")
+    err = capsys.readouterr().err
+    assert code == EXIT.INACCURATE == 110, err[-2000:]
+    data = json.loads(out.read_text())
+    arm = next(a for a in data["arms"] if a["name"] == "pypto+graph")
+    assert arm["ok"]
+    assert arm["details"]["plugins"] == ["broken_mlp"]
+    num = arm["numerics"]
+    assert num["verdict"] == "fail", num
+    assert num["metrics"]["kl_max"] > num["allowed_kl_max"]
+    assert arm["ratio_to_eager"] is None
+    assert arm["ratio_vs_eager"] is None
+    assert "numerics FAIL: pypto+graph" in err
+    assert "pypto-precision check" in err
+    table = format_table(data)
+    row = next(ln for ln in table.splitlines() if ln.startswith("pypto+graph"))
+    assert "NUMERICS FAIL" in row
+    assert NOT_COMPARABLE in row
+    assert "pypto+graph: numerics FAIL" in report_to_markdown(data)
+    page = report_to_html(data)
+    assert "NUMERICS FAIL: pypto+graph" in page
+    assert NOT_COMPARABLE in page
+    assert any("numerics FAIL" in w for w in data["warnings"])
+
+
+def test_allow_inaccurate_exits_0_and_still_marks_the_arm(
+    broken_plugin, tiny_llama, tmp_path, capsys
+):
+    """Prefill (every prompt position's logits), with --allow-inaccurate: exit 0, and the
+    arm is still marked as failed and allowed on every surface."""
+    code, out = _run(tiny_llama, tmp_path, "prefill", "--allow-inaccurate")
+    err = capsys.readouterr().err
+    assert code == EXIT.OK, err[-2000:]
+    data = json.loads(out.read_text())
+    assert data["config"]["allow_inaccurate"] is True
+    arm = next(a for a in data["arms"] if a["name"] == "pypto+graph")
+    assert arm["numerics"]["verdict"] == "fail"
+    assert arm["numerics"]["allowed_by_user"]
+    assert arm["numerics"]["basis"] == "every prompt position's logits"
+    assert arm["ratio_to_eager"] is None
+    assert "numerics FAIL allowed by --allow-inaccurate" in err
+    assert "allowed by --allow-inaccurate" in report_to_html(data)
+
+
+def test_the_static_moe_proxy_is_exempt_and_says_so():
+    """An arm whose outputs differ by design gets no verdict but the exemption, stated."""
+    from pypto_bench.numerics import arm_numerics
+    from pypto_bench.report import ArmResult
+
+    arm = ArmResult(name="graph", outputs_differ_by_design="static MoE routing proxy")
+    arm_numerics(None, arm, None, None)  # type: ignore[arg-type]
+    assert arm.numerics == {"verdict": "exempt", "why": "static MoE routing proxy"}
