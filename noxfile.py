@@ -435,6 +435,29 @@ def msprobe(session: nox.Session) -> None:
     _pytest(session, str(packages["pypto-precision"] / "tests" / "test_msprobe.py"))
 
 
+HTA_PIN = "holistictraceanalysis==0.5.0"
+
+
+@nox.session
+def interop(session: nox.Session) -> None:
+    """The field's own tools on what we write, each the real package in this venv of its
+    own: Holistic Trace Analysis on `pypto-tune profile --nproc 2`'s per-rank traces
+    (ranks, steps, per-op collective time equal to ours; what it cannot compute on CPU),
+    and msprobe (mindstudio-probe) dumps compared with ours both ways."""
+    packages = _packages()
+    session.install(TORCH_PIN, HTA_PIN, MSPROBE_PIN)
+    names: list[str] = []
+    for top in ("pypto-tune", "pypto-precision"):
+        names += [d for d in _local_closure(top, packages, ("test",)) if d not in names]
+    _install_local(session, names, packages, {"pypto-tune": "test", "pypto-precision": "test"})
+    session.env.update(WORKER_ENV)
+    _pytest(
+        session,
+        str(packages["pypto-tune"] / "tests" / "test_interop_hta.py"),
+        str(packages["pypto-precision"] / "tests" / "test_msprobe.py"),
+    )
+
+
 @nox.session
 def npu_api(session: nox.Session) -> None:
     """Every declared torch_npu / torchair / PyPTO name checked against the real wheels.

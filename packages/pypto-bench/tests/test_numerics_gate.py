@@ -138,3 +138,41 @@ def test_the_static_moe_proxy_is_exempt_and_says_so():
     arm = ArmResult(name="graph", outputs_differ_by_design="static MoE routing proxy")
     arm_numerics(None, arm, None, None)  # type: ignore[arg-type]
     assert arm.numerics == {"verdict": "exempt", "why": "static MoE routing proxy"}
+
+
+def test_bf16_is_judged_against_its_own_floor(tiny_llama):
+    """bf16: the arm's logits against a float32 copy of the model (teacher-forced on the
+    same tokens), within 2 x the error eager itself has in bf16 against that copy."""
+    from pypto_bench import BenchConfig, run_bench
+    from pypto_bench.numerics import FLOOR_K
+
+    config = BenchConfig(model_path=str(tiny_llama), device="cpu", regime="decode", seq=8,
+                         gen=8, arms=("eager", "graph"), warmup=1, iters=2, dtype="bfloat16")  # fmt: skip
+    num = run_bench(config).arm("graph").numerics
+    assert num["verdict"] == "pass", num
+    assert num["dtype"] == "bfloat16"
+    assert 0 < num["floor"] < 1e-3
+    assert num["allowed_kl_max"] == pytest.approx(max(FLOOR_K * num["floor"], 1e-7))
+    assert num["metrics_vs_float32"]["kl_max"] <= num["allowed_kl_max"]
+    assert "against float32" in num["why"]
+    assert "floor_note" not in num
+
+
+def test_no_float32_copy_that_cannot_fit_says_so(tiny_llama, monkeypatch):
+    """A model whose float32 copy would not fit is judged by the dtype's default
+    allowance, and the report says why (the device's free memory read as 1 byte)."""
+    from types import SimpleNamespace
+
+    import pypto_capture.device
+    from pypto_bench.loading import load_model
+    from pypto_bench.numerics import Reference, half_floor
+
+    model = load_model(str(tiny_llama), device="cpu", dtype="bfloat16").model
+    monkeypatch.setattr(pypto_capture.device, "free_bytes", lambda device: 1)
+    floor, full, note = half_floor(
+        SimpleNamespace(model=model, device="cpu"),  # type: ignore[arg-type]
+        Reference("decode", "bfloat16", None),
+    )
+    assert floor is None
+    assert full is None
+    assert "no float32 copy fits" in note

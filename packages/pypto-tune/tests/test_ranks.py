@@ -68,6 +68,8 @@ def test_every_rank_keeps_its_profile_under_one_folder(ranks_run: tuple[Path, st
         assert data["distributedInfo"]["world_size"] == 2
         names = {e.get("name", "") for e in data["traceEvents"]}
         assert any(n.startswith(("c10d::", "_c10d_functional::")) for n in names)
+        # torch's own step mark, which Holistic Trace Analysis finds steps by (issue #45)
+        assert "ProfilerStep#0" in names
         # The profiled step splits into time in collectives and the rest.
         assert 0 < r["collectives_s"] < r["profiled_step_s"]
         assert r["outside_collectives_s"] == pytest.approx(

@@ -31,12 +31,16 @@ from .protocol import Context
 from .report import ArmResult
 
 __all__ = [
+    "FLOOR_K",
+    "FLOOR_MIN_KL",
     "GATE_KL_MAX",
+    "HALF_DTYPES",
     "NUMERICS_BASIS",
     "Reference",
     "after_hook",
     "arm_numerics",
     "eager_reference",
+    "half_floor",
     "numerics_failed",
 ]
 
@@ -60,6 +64,22 @@ class Reference:
     dtype: str
     logits: Any  # decode [B, n, V] (step 0: the prefill's last position); prefill [B, S, V]
     tokens: Any = None  # decode: the eager greedy tokens [B, n]
+    #: Half types: eager's own logits in this dtype against a float32 copy of the model on
+    #: the same device, teacher-forced on the same tokens (the dtype's noise floor).
+    floor: Any = None  # a pypto_precision.LogitMetrics, or None
+    #: The float32 copy's teacher-forced logits (the floor's reference), shaped as ``logits``.
+    float32_logits: Any = None
+    #: Why no floor was measured (None: measured, or a full-precision dtype).
+    floor_note: str | None = None
+
+
+#: The half types, judged against their measured floor (``FLOOR_K`` x its KL max).
+HALF_DTYPES = ("bfloat16", "float16")
+#: How many times eager's own error against float32 an arm may show (pypto-precision's
+#: default k, as torch's accuracy checker and msprobe's pre-check use per op).
+FLOOR_K = 2.0
+#: The least KL max allowed with a floor (a floor of ~0 would fail every rounding).
+FLOOR_MIN_KL = {"float16": 1e-8, "bfloat16": 1e-7}
 
 
 def _dtype(ctx: Context) -> str:
@@ -71,18 +91,77 @@ def eager_reference(ctx: Context) -> Reference | None:
     import torch
 
     regime = ctx.config.regime
+    dtype = _dtype(ctx)
     if regime == Regime.DECODE:
         from .protocol.decode import generate_logits
 
         tokens, logits = generate_logits(ctx)
-        return Reference(regime, _dtype(ctx), logits, tokens)
-    if regime == Regime.PREFILL:
+        ref = Reference(regime, dtype, logits, tokens)
+    elif regime == Regime.PREFILL:
         from .protocol.prefill import prefill_fn
 
         with torch.inference_mode():
             logits = prefill_fn(ctx)()
-        return Reference(regime, _dtype(ctx), logits)
-    return None
+        ref = Reference(regime, dtype, logits)
+    else:
+        return None
+    if dtype not in HALF_DTYPES:
+        return ref
+    floor, full, note = half_floor(ctx, ref)
+    return Reference(ref.regime, dtype, ref.logits, ref.tokens, floor, full, note)
+
+
+def _teacher_forced_float32(ctx: Context, ref: Reference) -> Any:
+    """The reference's logits recomputed by a float32 copy of the model, teacher-forced:
+    one forward over the prompt and the eager tokens (decode) or the prompt (prefill)."""
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(ctx.model).to(torch.float32)
+    try:
+        ids, mask = ctx.input_ids, ctx.attention_mask
+        n = 0
+        if ref.tokens is not None:
+            n = int(ref.logits.shape[1])
+            fed = ref.tokens[:, : n - 1].to(ids.device)
+            ids = torch.cat([ids, fed], dim=1)
+            mask = torch.cat([mask, torch.ones_like(fed)], dim=1)
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        if ref.tokens is not None:
+            p = int(ctx.input_ids.shape[1])
+            logits = logits[:, p - 1 : p - 1 + n]
+        return logits
+    finally:
+        del model
+
+
+def half_floor(ctx: Context, ref: Reference) -> tuple[Any, Any, str | None]:
+    """(eager's own metrics against float32, the float32 logits, None), or (None, None,
+    why not measured)."""
+    from pypto_capture.device import free_bytes
+    from pypto_precision import logit_metrics
+
+    weights = sum(p.numel() for p in ctx.model.parameters()) * 4
+    free = free_bytes(ctx.device)
+    if free is None or weights * 1.5 > free:
+        return (
+            None,
+            None,
+            (
+                f"no float32 copy fits beside the model ({weights / 2**30:.1f} GiB needed, "
+                f"{'unknown' if free is None else f'{free / 2**30:.1f} GiB'} free): the "
+                f"{ref.dtype} default allowance applies"
+            ),
+        )
+    try:
+        full = _teacher_forced_float32(ctx, ref)
+        return logit_metrics(ref.logits, full), full, None
+    except Exception as err:  # the floor is a refinement: say why it is missing
+        log.warning("no %s floor: %s", ref.dtype, err)
+        note = f"the float32 pass failed ({type(err).__name__}: {err}): default allowance"
+        return None, None, note
 
 
 def _first_difference(tokens: Any, ref: Any) -> int:
@@ -93,17 +172,20 @@ def _first_difference(tokens: Any, ref: Any) -> int:
     return int(hits[0].item()) if hits.numel() else n
 
 
-def _arm_logits(ctx: Context, arm: ArmResult, run: Any, ref: Reference) -> tuple[Any, Any, str]:
-    """(arm logits, reference logits, basis) for ``arm``, built as it was timed."""
+def _arm_logits(
+    ctx: Context, arm: ArmResult, run: Any, ref: Reference
+) -> tuple[Any, int | None, str]:
+    """(arm logits, the reference's steps they cover (None: all), basis) for ``arm``,
+    built as it was timed."""
     fn = getattr(run, "__wrapped__", run)
     if ref.regime == Regime.PREFILL:
         import torch
 
         with torch.inference_mode():
-            return fn(), ref.logits, "every prompt position's logits"
+            return fn(), None, "every prompt position's logits"
     forced = getattr(fn, "forced_logits", None)
     if forced is not None:
-        return forced(ref.tokens), ref.logits, "teacher-forced with the eager tokens"
+        return forced(ref.tokens), None, "teacher-forced with the eager tokens"
     free = getattr(fn, "free_logits", None)
     if free is not None:
         tokens, logits = free()
@@ -113,7 +195,7 @@ def _arm_logits(ctx: Context, arm: ArmResult, run: Any, ref: Reference) -> tuple
             f"free-running up to the first differing token: {n} of {total} steps (each fed "
             "the eager tokens; transformers' generate takes no forced tokens)"
         )
-        return logits[:, :n], ref.logits[:, :n], basis
+        return logits[:, :n], n, basis
     raise RuntimeError(f"the {arm.name} arm exposes no logits to check")
 
 
@@ -137,24 +219,38 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
         }
         return
     try:
-        logits, reference, basis = _arm_logits(ctx, arm, run, ref)
-        metrics = logit_metrics(logits, reference)
+        logits, n, basis = _arm_logits(ctx, arm, run, ref)
+        metrics = logit_metrics(logits, ref.logits if n is None else ref.logits[:, :n])
+        against32 = None
+        if ref.float32_logits is not None:
+            full = ref.float32_logits
+            against32 = logit_metrics(logits, full if n is None else full[:, :n])
     except Exception as err:  # a check that cannot run is said, never fatal to the arm
         log.warning("%s: numerics not checked: %s", arm.name, err)
         arm.numerics = {"verdict": "not checked", "why": f"{type(err).__name__}: {err}"}
         return
-    allowed = GATE_KL_MAX.get(ref.dtype, GATE_KL_MAX["float32"])
-    check = judge_logits(
-        metrics, ref.dtype, allowed=allowed, basis=f"the gate's {ref.dtype} allowance"
-    )
+    floor_kl = ref.floor.kl_max if ref.floor is not None else None
+    if against32 is not None and floor_kl is not None:
+        # The noise-floor rule: the arm's error against the float32 copy within k x the
+        # error eager itself has in this dtype (an arm that rounds differently but no
+        # worse passes; one that is 1% off somewhere does not).
+        allowed = max(FLOOR_K * floor_kl, FLOOR_MIN_KL.get(ref.dtype, 1e-7))
+        words = f"{FLOOR_K:g} x eager's own {ref.dtype} KL {floor_kl:.3g}, both against float32"
+        check = judge_logits(against32, ref.dtype, allowed=allowed, basis=words)
+    else:
+        allowed = GATE_KL_MAX.get(ref.dtype, GATE_KL_MAX["float32"])
+        words = f"the gate's {ref.dtype} allowance"
+        check = judge_logits(metrics, ref.dtype, allowed=allowed, basis=words)
     arm.numerics = {
         "verdict": "pass" if check.ok else "fail",
         "against": NUMERICS_BASIS,
         "basis": basis,
         "dtype": ref.dtype,
         "allowed_kl_max": check.allowed,
-        "floor": check.floor,
+        "floor": floor_kl,
+        **({"floor_note": ref.floor_note} if ref.floor_note else {}),
         "metrics": metrics.to_dict(),
+        **({"metrics_vs_float32": against32.to_dict()} if against32 is not None else {}),
         "why": check.why,
     }
     if not check.ok:

@@ -25,6 +25,7 @@ from typing import Any
 __all__ = [
     "COLLECTIVE_PREFIXES",
     "GRAPH_COMM_UNMEASURED_CPU",
+    "PROFILER_STEP",
     "RANK_TRACE_NAME",
     "communication",
     "hccl_spans",
@@ -40,6 +41,9 @@ GRAPH_COMM_UNMEASURED_CPU = (
     "not measured on CPU: torch.profiler over the compiled step with gloo collectives in "
     "flight can crash a rank (SIGSEGV in wait_tensor); measured on CUDA (NCCL kernels)"
 )
+#: The profiled step's range in a kept trace: the name torch's scheduled profiler gives a
+#: step (``ProfilerStep#<n>``), which Holistic Trace Analysis requires.
+PROFILER_STEP = "ProfilerStep#0"
 #: A rank's kept Chrome trace in its arm's folder (CPU / CUDA), by global rank.
 RANK_TRACE_NAME = "rank{rank}.trace.json"
 #: torch_npu.profiler's trace_view.json: HCCL operators are spans named ``hcom_<op>_...``
@@ -73,7 +77,10 @@ def communication(
     with torch.inference_mode(), profile(activities=activities) as prof:
         synchronize(device)
         start = time.perf_counter()
-        step()
+        # torch's own step mark (what a scheduled profiler's step() records): per-step
+        # trace tools such as Holistic Trace Analysis find the step by it.
+        with torch.profiler.record_function(PROFILER_STEP):
+            step()
         synchronize(device)
         wall = time.perf_counter() - start
     spans = []
