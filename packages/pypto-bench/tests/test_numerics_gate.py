@@ -96,6 +96,11 @@ def test_a_plugin_one_percent_off_fails_the_gate(broken_plugin, tiny_llama, tmp_
     num = arm["numerics"]
     assert num["verdict"] == "fail", num
     assert num["metrics"]["kl_max"] > num["allowed_kl_max"]
+    # Where it went wrong: eager with the plug-in on, module by module, against plain eager
+    suspect = num["suspect"]
+    assert suspect["what"] == "the kernel plug-ins"
+    assert suspect["plugins"] == ["broken_mlp"]
+    assert suspect["first_diverging_module"] == "model.layers.1.mlp#0"
     assert arm["ratio_to_eager"] is None
     assert arm["ratio_vs_eager"] is None
     assert "numerics FAIL: pypto+graph" in err
@@ -105,6 +110,7 @@ def test_a_plugin_one_percent_off_fails_the_gate(broken_plugin, tiny_llama, tmp_
     assert "NUMERICS FAIL" in row
     assert NOT_COMPARABLE in row
     assert "pypto+graph: numerics FAIL" in report_to_markdown(data)
+    assert "first diverging module model.layers.1.mlp#0" in table
     page = report_to_html(data)
     assert "NUMERICS FAIL: pypto+graph" in page
     assert NOT_COMPARABLE in page

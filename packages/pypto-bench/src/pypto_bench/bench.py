@@ -239,43 +239,50 @@ def _measure(ctx: Context, report: Report) -> None:
 
     tokens: dict[str, Any] = {}
     why = None
-    after = _numerics_after(ctx, report)
-    if ctx.config.schedule == Schedule.INTERLEAVED:
-        arms = [ArmResult(name=name) for name in ctx.config.arms]
-        try:
-            tokens, report.schedule = run_interleaved(ctx, arms, failed, after=after)
-            report.arms.extend(arms)
-        except Fallback as err:
-            why = f"not interleaved: {err}"
-            log.info("%s: running the arms one after the other", why)
-    if report.schedule is None:
-        order: list[list[Any]] = []
-        for name in ctx.config.arms:
-            arm = ArmResult(name=name)
-            report.arms.append(arm)
+    gate = _numerics_gate(ctx, report)
+    after = gate.after if gate is not None else None
+    try:
+        if ctx.config.schedule == Schedule.INTERLEAVED:
+            arms = [ArmResult(name=name) for name in ctx.config.arms]
             try:
-                tokens[name] = measure_arm(ctx, arm, **({"after": after} if after else {}))
-                order += [[name, i] for i in range(len(arm.tokens_per_s.get("samples") or []))]
-            except Exception as err:
-                failed(arm, err)
-        report.schedule = {
-            "kind": Schedule.SEQUENTIAL.value,
-            "requested": ctx.config.schedule,
-            "rounds": ctx.config.iters,
-            "order": order,
-            **({"why": why} if why else {}),
-        }
-    _check_agreement(ctx, report, tokens)
+                tokens, report.schedule = run_interleaved(ctx, arms, failed, after=after)
+                report.arms.extend(arms)
+            except Fallback as err:
+                why = f"not interleaved: {err}"
+                log.info("%s: running the arms one after the other", why)
+        if report.schedule is None:
+            order: list[list[Any]] = []
+            for name in ctx.config.arms:
+                arm = ArmResult(name=name)
+                report.arms.append(arm)
+                try:
+                    tokens[name] = measure_arm(ctx, arm, **({"after": after} if after else {}))
+                    order += [[name, i] for i in range(len(arm.tokens_per_s.get("samples") or []))]
+                except Exception as err:
+                    failed(arm, err)
+            report.schedule = {
+                "kind": Schedule.SEQUENTIAL.value,
+                "requested": ctx.config.schedule,
+                "rounds": ctx.config.iters,
+                "order": order,
+                **({"why": why} if why else {}),
+            }
+        _check_agreement(ctx, report, tokens)
+        if gate is not None:
+            gate.locate(report.arms)
+    finally:
+        if gate is not None:
+            gate.close()  # its dumps, whatever happened
     _numerics_verdict(ctx, report)
     if ctx.config.regime == Regime.DECODE:
         _fill_roofline(ctx, report)
     report.finish()
 
 
-def _numerics_after(ctx: Context, report: Report) -> Any:
-    """The numerical gate's per-arm callback (pypto_bench.numerics), its eager reference
-    taken now on the model as loaded; None when no arm needs it."""
-    from .numerics import after_hook, eager_reference
+def _numerics_gate(ctx: Context, report: Report) -> Any:
+    """The numerical gate of this run (pypto_bench.numerics), its eager reference taken
+    now on the model as loaded; None when no arm needs it."""
+    from .numerics import Gate, eager_reference
 
     if ctx.config.regime not in (Regime.DECODE, Regime.PREFILL):
         return None
@@ -286,7 +293,7 @@ def _numerics_after(ctx: Context, report: Report) -> Any:
     except Exception as err:  # the eager arm will say why it fails; the gate says it too
         report.warnings.append(f"numerics not checked: the eager reference failed: {err}")
         return None
-    return after_hook(ctx, ref)
+    return Gate(ctx, ref)
 
 
 def _numerics_verdict(ctx: Context, report: Report) -> None:

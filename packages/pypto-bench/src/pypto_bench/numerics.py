@@ -22,8 +22,8 @@ diffusion regime is not checked here yet and says so.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .config import Arm, Regime
@@ -36,8 +36,8 @@ __all__ = [
     "GATE_KL_MAX",
     "HALF_DTYPES",
     "NUMERICS_BASIS",
+    "Gate",
     "Reference",
-    "after_hook",
     "arm_numerics",
     "eager_reference",
     "half_floor",
@@ -262,10 +262,107 @@ def numerics_failed(arms: list[ArmResult]) -> list[ArmResult]:
     return [a for a in arms if (a.numerics or {}).get("verdict") == "fail"]
 
 
-def after_hook(ctx: Context, ref: Reference | None) -> Callable[[ArmResult, Any], None]:
-    """The ``after(arm, run)`` callback the schedules call with each arm still built."""
+class Gate:
+    """The numerical gate of one run: the reference, each arm's verdict while the arm is
+    built (:meth:`after`), and where a failing arm goes wrong (:meth:`locate`).
 
-    def after(arm: ArmResult, run: Any) -> None:
-        arm_numerics(ctx, arm, run, ref)
+    Where it went wrong: an arm with kernel plug-ins is re-run eagerly with its plug-ins
+    on (no capture) while it is still built, every module's output recorded on the prompt
+    (pypto-precision's :class:`~pypto_precision.Recorder`, tensor mode); after the arms,
+    plain eager is recorded the same way and the two compared (pypto-precision's
+    :func:`~pypto_precision.compare_dumps`): a module that diverges puts the plug-ins under
+    suspicion and names where; none (or an arm without plug-ins) leaves the capture as
+    the suspect. The dumps live in a temporary folder, removed by :meth:`close`.
+    """
 
-    return after
+    def __init__(self, ctx: Context, ref: Reference | None) -> None:
+        self.ctx = ctx
+        self.ref = ref
+        self._tmp: Path | None = None  # made on the first dump (most runs need none)
+        self._kernel_dumps: dict[str, Path] = {}
+
+    @property
+    def _dir(self) -> Path:
+        import tempfile
+
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="pypto-gate-"))
+        return self._tmp
+
+    def after(self, arm: ArmResult, run: Any) -> None:
+        """The ``after(arm, run)`` callback the schedules call with each arm still built."""
+        arm_numerics(self.ctx, arm, run, self.ref)
+        if (arm.numerics or {}).get("verdict") == "fail" and arm.details.get("plugins"):
+            folder = self._dir / f"eager-with-{len(self._kernel_dumps)}"
+            try:
+                _dump_eager(self.ctx, folder, f"eager with {arm.name}'s plug-ins")
+                self._kernel_dumps[arm.name] = folder
+            except Exception as err:  # the locator is a help: its failure is said
+                arm.numerics["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
+
+    def locate(self, arms: list[ArmResult]) -> None:
+        """Name the suspect of every failing arm (the model as loaded: no arm's state)."""
+        failing = [a for a in arms if (a.numerics or {}).get("verdict") == "fail"]
+        if not failing:
+            return
+        plain: Path | None = None
+        for arm in failing:
+            num = arm.numerics or {}
+            if "suspect" in num:
+                continue
+            dump = self._kernel_dumps.get(arm.name)
+            if dump is None:
+                num["suspect"] = {
+                    "what": "the capture",
+                    "why": "the arm runs no kernel plug-in: eager's own modules, captured, "
+                    "give other logits than eager",
+                }
+                continue
+            try:
+                if plain is None:
+                    plain = self._dir / "eager"
+                    _dump_eager(self.ctx, plain, "eager")
+                num["suspect"] = _kernel_suspect(arm, dump, plain)
+            except Exception as err:
+                num["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
+
+    def close(self) -> None:
+        import shutil
+
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+def _dump_eager(ctx: Context, folder: Path, arm: str) -> None:
+    """Every module's output of one eager forward of the prompt's first row."""
+    import torch
+
+    from pypto_precision import Recorder
+
+    ids = ctx.input_ids[:1]
+    meta = {"input_ids": ids.tolist(), "arm": arm}
+    with torch.inference_mode(), Recorder(ctx.model, folder, mode="tensor", meta=meta):
+        ctx.model(input_ids=ids, attention_mask=ctx.attention_mask[:1], use_cache=False)
+
+
+def _kernel_suspect(arm: ArmResult, with_kernels: Path, plain: Path) -> dict[str, Any]:
+    from pypto_precision import compare_dumps, read_dump
+
+    result = compare_dumps(read_dump(with_kernels), read_dump(plain))
+    first = result.first_divergent
+    plugins = list(arm.details.get("plugins") or [])
+    if first is None:
+        return {
+            "what": "the capture",
+            "plugins": plugins,
+            "why": "eager with the same plug-ins matches plain eager in every module: the "
+            "capture changes the numbers",
+        }
+    return {
+        "what": "the kernel plug-ins",
+        "plugins": plugins,
+        "first_diverging_module": first.module,
+        "why": f"eager with {', '.join(plugins)} on (no capture) diverges from plain eager "
+        f"first at {first.module} ({first.verdict.why})",
+    }

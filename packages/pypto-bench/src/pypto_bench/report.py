@@ -560,9 +560,18 @@ def numerics_line(arm: dict[str, Any]) -> str | None:
         return None
     if verdict == "fail":
         allowed = " (allowed by --allow-inaccurate)" if num.get("allowed_by_user") else ""
+        suspect = num.get("suspect") or {}
+        where = ""
+        if suspect.get("first_diverging_module"):
+            where = (
+                f"; suspect: {suspect.get('what')} ({', '.join(suspect.get('plugins') or [])}),"
+                f" first diverging module {suspect['first_diverging_module']}"
+            )
+        elif suspect.get("what"):
+            where = f"; suspect: {suspect['what']} ({suspect.get('why')})"
         return (
             f"numerics FAIL{allowed}: {num.get('why')} against {num.get('basis')}; "
-            "its ratios are not comparable"
+            f"its ratios are not comparable{where}"
         )
     return f"numerics {verdict}: {num.get('why')}"
 
