@@ -10,7 +10,7 @@ OUT="$(mktemp -d)"   # many files; the device tool brings back at most 8, so the
 mkdir -p "$FINAL"
 DEADLINE=$(( $(date +%s) + ${BUDGET_S:-450} ))
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/packages/pypto-models-minimax/src:$PWD/packages/pypto-tune/src:$PWD/tools"
+export PYTHONPATH="$PWD/packages/pypto-common/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-precision/src:$PWD/packages/pypto-patch/src:$PWD/packages/pypto-bench/src:$PWD/packages/pypto-testing/src:$PWD/packages/pypto-env/src:$PWD/packages/pypto-models-gemma4/src:$PWD/packages/pypto-models-minimax/src:$PWD/packages/pypto-tune/src:$PWD/tools"
 left() { local l=$(( DEADLINE - $(date +%s) )); [ "$l" -gt "$1" ] && echo "$1" || echo "$l"; }
 step() {  # step <name> <max seconds> <command...>
   local name=$1 limit; limit=$(left "$2"); shift 2

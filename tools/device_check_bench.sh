@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD/packages/pypto-bench/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-testing/src:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/packages/pypto-bench/src:$PWD/packages/pypto-capture/src:$PWD/packages/pypto-precision/src:$PWD/packages/pypto-patch/src:$PWD/packages/pypto-testing/src:$PWD/tools${PYTHONPATH:+:$PYTHONPATH}"
 WORK="$(mktemp -d)"
 {
   "$PY" - <<'PY'
@@ -46,15 +46,16 @@ run cuda_tiny_bf16_b1 "$WORK/tiny"
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print("| report | eager tok/s | graph tok/s | graph/eager | match | best-arm roofline |")
-print("|---|---|---|---|---|---|")
+print("| report | eager tok/s | graph tok/s | graph/eager | match | best-arm roofline | graph numerics |")
+print("|---|---|---|---|---|---|---|")
 for f in sorted(out.glob("cuda_*.json")):
     d = json.loads(f.read_text()); a = {x["name"]: x for x in d["arms"]}
     e, g = a["eager"], a["graph"]
     fr = [x["roofline"]["fraction_of_ceiling"] for x in d["arms"] if x["ok"] and x.get("roofline") and x["roofline"]["fraction_of_ceiling"]]
     m = (g.get("token_match") or {}).get("rate")
     print(f"| {f.stem} | {e['tokens_per_s']['best']} | {g['tokens_per_s']['best'] if g['ok'] else 'FAILED: ' + str(g['error'])[:120]} | "
-          f"{g.get('ratio_to_eager')} | {m} | {max(fr) if fr else None} |")
+          f"{g.get('ratio_to_eager')} | {m} | {max(fr) if fr else None} | "
+          f"{(g.get('numerics') or {}).get('verdict')}: {(g.get('numerics') or {}).get('why')} |")
 reports = sorted(out.glob("cuda_*.json"))
 print()
 print("device:", json.loads(reports[0].read_text())["environment"]["device"]["name"] if reports else "no report written (see *.log)")

@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = [
     "pypto-common",
     "pypto-capture",
+    "pypto-patch",
+    "pypto-precision",
     "pypto-bench",
     "pypto-testing",
     "pypto-env",
@@ -134,8 +136,11 @@ def _bench(model: Path, report: Path, device: str, dtype: str, gen: int, iters: 
 
 def _summarise(out: Path) -> list[str]:
     """One line per arm of every report written, with the issue's targets checked."""
-    lines = ["", "| report | arm | backend | tok/s best | roofline % | x hf-compile | match % |"]
-    lines.append("|---|---|---|---:|---:|---:|---:|")
+    lines = [
+        "",
+        "| report | arm | backend | tok/s best | roofline % | x hf-compile | match % | numerics |",
+    ]
+    lines.append("|---|---|---|---:|---:|---:|---:|---|")
     for path in sorted(out.glob("*.json")):
         try:
             data = json.loads(path.read_text())
@@ -148,15 +153,19 @@ def _summarise(out: Path) -> list[str]:
                 lines.append(
                     f"| {path.stem} b{entry['batch']} | {arm['name']} | - | "
                     f"{_f(arm['tokens_per_s'].get('best'), '.1f')} | "
-                    f"{_f(share and share * 100, '.1f')} ({roof.get('binding', '-')}) | - | - |"
+                    f"{_f(share and share * 100, '.1f')} ({roof.get('binding', '-')}) | - | - | - |"
                 )
         for arm in data.get("arms", []):
             roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
             match = (arm.get("token_match") or {}).get("rate")
+            num = arm.get("numerics") or {}
+            kl = (num.get("metrics_vs_float32") or num.get("metrics") or {}).get("kl_max")
+            verdict = f"{num.get('verdict', '-')} (KL {_f(kl, '.2g')} / {_f(num.get('allowed_kl_max'), '.2g')})"
             lines.append(
                 f"| {path.stem} | {arm['name']} | {(arm.get('details') or {}).get('backend', '-')} | "
                 f"{_f(arm['tokens_per_s'].get('best'), '.1f')} | {_f(roof and roof * 100, '.1f')} | "
-                f"{_f(arm.get('ratio_to_peer'), '.2f')} | {_f(match and match * 100, '.1f')} |"
+                f"{_f(arm.get('ratio_to_peer'), '.2f')} | {_f(match and match * 100, '.1f')} | "
+                f"{verdict if num else '-'} |"
             )
     return lines
 
