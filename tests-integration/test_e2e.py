@@ -78,6 +78,14 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     md = (work / "report" / "report.md").read_text()
     assert "smoke gate: passed" in md
     assert "decode" in md
+    # The numerical gate's verdict and the perplexity of the trained demo model on the
+    # shipped passage, graph beside eager (issue #42)
+    graph = report["arms"][1]["numerics"]
+    assert graph["verdict"] == "pass", graph
+    assert 1.0 < graph["perplexity"]["eager"] < 1e6
+    assert graph["perplexity"]["arm"] == pytest.approx(graph["perplexity"]["eager"], rel=1e-3)
+    assert "`graph` numerics pass" in md
+    assert "perplexity" in md
     # The run as one page beside report.md (issue #33), named on stderr; in a real
     # browser where Chromium is installed: offline, quiet, the arms table and the plot.
     page = work / "report" / "report.html"

@@ -31,7 +31,14 @@ def test_a_correct_graph_arm_passes_teacher_forced(decode_report):
     assert num["dtype"] == "float32"
     assert graph.ratio_to_eager is not None
     assert report.numerics_failed == []
+    # Perplexity on the shipped public-domain passage: the captured step replayed on it
+    ppl = num["perplexity"]
+    assert ppl["text"].startswith("the Gettysburg Address")
+    assert ppl["tokens"] == 2 * 12
+    assert ppl["arm"] == pytest.approx(ppl["eager"], rel=1e-5)
+    assert ppl["ratio_to_eager"] == pytest.approx(1.0, rel=1e-5)
     assert "graph: numerics pass: KL max" in format_table(report)
+    assert "perplexity" in format_table(report)
     assert report.arm("eager").numerics is None  # the reference itself
 
 

@@ -36,12 +36,16 @@ __all__ = [
     "GATE_KL_MAX",
     "HALF_DTYPES",
     "NUMERICS_BASIS",
+    "PASSAGE",
+    "PASSAGE_NAME",
     "Gate",
     "Reference",
     "arm_numerics",
     "eager_reference",
     "half_floor",
     "numerics_failed",
+    "passage_ids",
+    "perplexity",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,10 @@ log = logging.getLogger(__name__)
 #: (measured on the tiny Llama: 1.4e-15 in fp32), while one layer's MLP 1% off gives 4e-8.
 #: The half types take pypto-precision's defaults until the gate measures their floor.
 GATE_KL_MAX = {"float64": 1e-12, "float32": 1e-9, "float16": 1e-3, "bfloat16": 1e-2}
+
+#: The text perplexity is measured on (package data, public domain: texts/README.md).
+PASSAGE = "gettysburg.txt"
+PASSAGE_NAME = "the Gettysburg Address (1863, public domain)"
 
 #: What every verdict is judged against, for the report.
 NUMERICS_BASIS = "the eager arm's logits on the same device and dtype, teacher-forced"
@@ -262,6 +270,54 @@ def numerics_failed(arms: list[ArmResult]) -> list[ArmResult]:
     return [a for a in arms if (a.numerics or {}).get("verdict") == "fail"]
 
 
+def passage_ids(ctx: Context) -> tuple[Any, str | None]:
+    """The passage as ``[batch, seq + gen]`` token ids (rows at spread offsets), or (None,
+    why not): the text must hold ``--seq + --gen`` tokens, never repeated (a model that
+    has seen the text once would copy it)."""
+    from importlib.resources import files
+
+    import torch
+
+    text = files("pypto_bench").joinpath("texts", PASSAGE).read_text(encoding="utf-8")
+    ids = list(ctx.tokenizer(text, add_special_tokens=False)["input_ids"])
+    cfg = ctx.config
+    n = cfg.seq + cfg.gen
+    if len(ids) < n:
+        return None, (
+            f"{PASSAGE_NAME} is {len(ids)} tokens here; --seq {cfg.seq} + --gen {cfg.gen} need {n}"
+        )
+    stride = (len(ids) - n) // (cfg.batch - 1) if cfg.batch > 1 else 0
+    rows = [ids[b * stride : b * stride + n] for b in range(cfg.batch)]
+    return torch.tensor(rows, dtype=torch.long, device=ctx.device), None
+
+
+def perplexity(logits: Any, targets: Any) -> float:
+    """exp(mean negative log-likelihood of ``targets`` [B, n] under ``logits`` [B, n, V]),
+    in float64 on the host; inf when a logit is not finite."""
+    import math
+
+    import torch
+
+    lg = logits.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(lg).all()):
+        return math.inf
+    nll = torch.nn.functional.cross_entropy(
+        lg.reshape(-1, lg.shape[-1]), targets.detach().to("cpu").reshape(-1)
+    )
+    return float(math.exp(float(nll)))
+
+
+def _eager_perplexity(ctx: Context, passage: Any) -> float:
+    import torch
+
+    seq, gen = ctx.config.seq, ctx.config.gen
+    with torch.inference_mode():
+        logits = ctx.model(
+            input_ids=passage, attention_mask=torch.ones_like(passage), use_cache=False
+        ).logits
+    return perplexity(logits[:, seq - 1 : seq - 1 + gen], passage[:, seq : seq + gen])
+
+
 class Gate:
     """The numerical gate of one run: the reference, each arm's verdict while the arm is
     built (:meth:`after`), and where a failing arm goes wrong (:meth:`locate`).
@@ -280,6 +336,23 @@ class Gate:
         self.ref = ref
         self._tmp: Path | None = None  # made on the first dump (most runs need none)
         self._kernel_dumps: dict[str, Path] = {}
+        # Perplexity on the passage (decode: the graph arms replay their step on it).
+        self.passage: Any = None
+        self.perplexity: dict[str, Any] | None = None
+        if ref is not None and ref.regime == Regime.DECODE:
+            try:
+                self.passage, why = passage_ids(ctx)
+                if self.passage is None:
+                    self.perplexity = {"text": PASSAGE_NAME, "why": why}
+                else:
+                    self.perplexity = {
+                        "text": PASSAGE_NAME,
+                        "tokens": int(self.passage.shape[0]) * ctx.config.gen,
+                        "eager": _eager_perplexity(ctx, self.passage),
+                    }
+            except Exception as err:  # a refinement: its failure is said, never fatal
+                self.passage = None
+                self.perplexity = {"text": PASSAGE_NAME, "why": f"{type(err).__name__}: {err}"}
 
     @property
     def _dir(self) -> Path:
@@ -292,6 +365,9 @@ class Gate:
     def after(self, arm: ArmResult, run: Any) -> None:
         """The ``after(arm, run)`` callback the schedules call with each arm still built."""
         arm_numerics(self.ctx, arm, run, self.ref)
+        verdict = (arm.numerics or {}).get("verdict")
+        if verdict in ("pass", "fail") and self.perplexity is not None:
+            arm.numerics["perplexity"] = self._arm_perplexity(run)
         if (arm.numerics or {}).get("verdict") == "fail" and arm.details.get("plugins"):
             folder = self._dir / f"eager-with-{len(self._kernel_dumps)}"
             try:
@@ -299,6 +375,24 @@ class Gate:
                 self._kernel_dumps[arm.name] = folder
             except Exception as err:  # the locator is a help: its failure is said
                 arm.numerics["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
+
+    def _arm_perplexity(self, run: Any) -> dict[str, Any]:
+        """This arm's perplexity on the passage beside eager's (teacher-forced replays)."""
+        out = dict(self.perplexity or {})
+        forced = getattr(getattr(run, "__wrapped__", run), "forced_logits", None)
+        if self.passage is None or "eager" not in out:
+            return out
+        if forced is None:
+            out["why"] = "not measured for this arm: it takes no forced tokens"
+            return out
+        seq, gen = self.ctx.config.seq, self.ctx.config.gen
+        try:
+            logits = forced(self.passage[:, seq : seq + gen], prompt=self.passage[:, :seq])
+            out["arm"] = perplexity(logits, self.passage[:, seq : seq + gen])
+            out["ratio_to_eager"] = out["arm"] / out["eager"] if out["eager"] else None
+        except Exception as err:
+            out["why"] = f"not measured: {type(err).__name__}: {err}"
+        return out
 
     def locate(self, arms: list[ArmResult]) -> None:
         """Name the suspect of every failing arm (the model as loaded: no arm's state)."""

@@ -54,6 +54,7 @@ __all__ = [
     "new_report",
     "noise_lines",
     "numerics_line",
+    "perplexity_text",
     "ratio_cell",
     "report_to_markdown",
     "schedule_lines",
@@ -571,9 +572,24 @@ def numerics_line(arm: dict[str, Any]) -> str | None:
             where = f"; suspect: {suspect['what']} ({suspect.get('why')})"
         return (
             f"numerics FAIL{allowed}: {num.get('why')} against {num.get('basis')}; "
-            f"its ratios are not comparable{where}"
+            f"its ratios are not comparable{where}{perplexity_text(num)}"
         )
-    return f"numerics {verdict}: {num.get('why')}"
+    return f"numerics {verdict}: {num.get('why')}{perplexity_text(num)}"
+
+
+def perplexity_text(num: dict[str, Any]) -> str:
+    """``; perplexity 41.2 (eager 41.2, x1.000) on <text>`` where measured, else ''."""
+    ppl = num.get("perplexity") or {}
+    if not isinstance(ppl.get("arm"), (int, float)) or not isinstance(
+        ppl.get("eager"), (int, float)
+    ):
+        return ""
+    ratio = ppl.get("ratio_to_eager")
+    times = f", x{ratio:.4f}" if isinstance(ratio, (int, float)) else ""
+    return (
+        f"; perplexity {ppl['arm']:.4g} (eager {ppl['eager']:.4g}{times}) on {ppl.get('text')}, "
+        f"{ppl.get('tokens')} tokens"
+    )
 
 
 def interval_text(interval: dict[str, Any] | None, spec: str = ".2f") -> str | None:

@@ -192,9 +192,12 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         rest, dec = timed(ctx.device, lambda: runner.decode(first, cfg.gen - 1))
         return torch.cat([first.reshape(-1, 1), rest], dim=1), ttft, dec
 
-    def forced(tokens: Any) -> Any:
+    def forced(tokens: Any, prompt: Any = None) -> Any:
+        """Teacher-forced logits after ``prompt`` (default: the run's own prompt, same shape)."""
         with torch.inference_mode():
-            return runner.forced_logits(ctx.input_ids, ctx.attention_mask, tokens)
+            if prompt is None:
+                return runner.forced_logits(ctx.input_ids, ctx.attention_mask, tokens)
+            return runner.forced_logits(prompt, torch.ones_like(prompt), tokens)
 
     # The numerical gate's view of this arm (pypto_bench.numerics): the captured step's
     # logits, teacher-forced with the reference's tokens.
