@@ -436,6 +436,7 @@ def msprobe(session: nox.Session) -> None:
 
 
 HTA_PIN = "holistictraceanalysis==0.5.0"
+MSPROF_ANALYZE_PIN = "msprof-analyze==26.2.0"
 
 
 @nox.session
@@ -443,9 +444,10 @@ def interop(session: nox.Session) -> None:
     """The field's own tools on what we write, each the real package in this venv of its
     own: Holistic Trace Analysis on `pypto-tune profile --nproc 2`'s per-rank traces
     (ranks, steps, per-op collective time equal to ours; what it cannot compute on CPU),
-    and msprobe (mindstudio-probe) dumps compared with ours both ways."""
+    msprof-analyze's cluster analysis and advisor on the `*_ascend_pt` layout, and msprobe
+    (mindstudio-probe) dumps compared with ours both ways."""
     packages = _packages()
-    session.install(TORCH_PIN, HTA_PIN, MSPROBE_PIN)
+    session.install(TORCH_PIN, HTA_PIN, MSPROF_ANALYZE_PIN, MSPROBE_PIN)
     names: list[str] = []
     for top in ("pypto-tune", "pypto-precision"):
         names += [d for d in _local_closure(top, packages, ("test",)) if d not in names]
@@ -454,6 +456,7 @@ def interop(session: nox.Session) -> None:
     _pytest(
         session,
         str(packages["pypto-tune"] / "tests" / "test_interop_hta.py"),
+        str(packages["pypto-tune"] / "tests" / "test_interop_msprof.py"),
         str(packages["pypto-precision"] / "tests" / "test_msprobe.py"),
     )
 

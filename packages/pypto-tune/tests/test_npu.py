@@ -129,10 +129,18 @@ def _csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
 
 
 def write_profile(parent: Path, name: str = "host_4242_20261130120000000_ascend_pt", *,
-                  events: Any = None, kernels: bool = True) -> Path:  # fmt: skip
-    """A ``*_ascend_pt`` folder in torch_npu's text export layout."""
+                  events: Any = None, kernels: bool = True, rank: int | None = 0) -> Path:  # fmt: skip
+    """A ``*_ascend_pt`` folder in torch_npu's text export layout, ``profiler_info_<rank>.json``
+    beside ASCEND_PROFILER_OUTPUT as torch_npu writes it (msprof-analyze's cluster analysis
+    takes the rank from its name; ``rank=None`` leaves it out)."""
     out = parent / name / "ASCEND_PROFILER_OUTPUT"
     out.mkdir(parents=True)
+    if rank is not None:
+        info = {"config": {"common_config": {
+            "activities": ["ProfilerActivity.CPU", "ProfilerActivity.NPU"],
+            "record_shapes": True, "profile_memory": False, "with_stack": False}},
+            "rank_id": rank}  # fmt: skip
+        (parent / name / f"profiler_info_{rank}.json").write_text(json.dumps(info))
     (out / "trace_view.json").write_text(json.dumps(trace_events() if events is None else events))
     if kernels:
         _csv(out / "kernel_details.csv", KERNEL_HEADER, KERNELS)

@@ -42,12 +42,14 @@ from .errors import BadInputError, EnvironmentMissingError, OutputWriteError, Pr
 from .records import MODULE_SCOPE_PREFIX, STEP_MARKERS, OpEvent, RawTrace, Span
 
 __all__ = [
+    "ADVISOR_INPUTS",
     "ADVISOR_SOURCE",
     "AOE_DOC",
     "LEVELS",
     "MAX_FILE_BYTES",
     "NPU_API",
     "NpuProfilerSession",
+    "advisor_inputs",
     "aoe_command",
     "operator_tuning_config",
     "parse_advisor_table",
@@ -789,12 +791,41 @@ def run_msprof_advisor(
                       findings=parse_advisor_table(proc.stdout or ""))  # fmt: skip
         if proc.returncode != 0:
             result["stderr_tail"] = _tail(proc.stderr or proc.stdout)
+        elif not result["findings"] and not advisor_inputs(src):
+            # The advisor exits 0 with "no optimization suggestions" whether it found
+            # nothing wrong or loaded nothing at all: only the second is said here.
+            result.update(ok=False, error=(
+                f"msprof-analyze loaded no profiling data from {src}: it holds none of "
+                f"{', '.join(ADVISOR_INPUTS)} under {_OUTPUT_DIR}/ (its 'no optimization "
+                "suggestions' means nothing was read, not that nothing is wrong)"))  # fmt: skip
         if tune := _tune_ops(out):
             result["tune_ops_name"] = tune
         if output_dir is not None:
             kept = ("mstt_advisor_", "operator_tuning_file_")
             result["reports"] = sorted(str(p) for p in out.rglob("*") if p.name.startswith(kept))
     return result
+
+
+#: The files under ASCEND_PROFILER_OUTPUT Ascend's advisor analyses (any one is data).
+ADVISOR_INPUTS = (
+    "kernel_details.csv",
+    "op_summary.csv",
+    "op_statistic.csv",
+    "trace_view.json",
+    "step_trace_time.csv",
+)
+
+
+def advisor_inputs(folder: Path) -> list[str]:
+    """Which of :data:`ADVISOR_INPUTS` ``folder`` (a ``*_ascend_pt`` folder or its
+    ASCEND_PROFILER_OUTPUT) holds as regular files."""
+    out = folder if folder.name == _OUTPUT_DIR else folder / _OUTPUT_DIR
+    found = []
+    for name in ADVISOR_INPUTS:
+        path = out / name
+        if path.is_file() and not path.is_symlink():
+            found.append(name)
+    return found
 
 
 def _tune_ops(out: Path) -> list[str]:
