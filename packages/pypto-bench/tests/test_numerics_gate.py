@@ -37,6 +37,13 @@ def test_a_correct_graph_arm_passes_teacher_forced(decode_report):
     assert ppl["tokens"] == 2 * 12
     assert ppl["arm"] == pytest.approx(ppl["eager"], rel=1e-5)
     assert ppl["ratio_to_eager"] == pytest.approx(1.0, rel=1e-5)
+    # Per-token latency percentiles from the same untimed pass (issue #45): every replayed
+    # step of the graph arm, every step of eager's reference generate
+    for arm in (graph, report.arm("eager")):
+        lat = arm.details["step_latency"]
+        assert lat["steps"] == 11, lat
+        assert 0 < lat["p50_ms"] <= lat["p90_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    assert "graph: per-token latency p50" in format_table(report)
     assert "graph: numerics pass: KL max" in format_table(report)
     assert "perplexity" in format_table(report)
     assert report.arm("eager").numerics is None  # the reference itself
@@ -189,3 +196,14 @@ def test_no_float32_copy_that_cannot_fit_says_so(tiny_llama, monkeypatch):
     assert floor is None
     assert full is None
     assert "no float32 copy fits" in note
+
+
+def test_step_percentiles_are_nearest_rank_and_refuse_nothing():
+    from pypto_bench.measure import step_percentiles
+
+    lat = step_percentiles([0.001 * i for i in range(1, 101)])  # 1 .. 100 ms
+    assert (lat["p50_ms"], lat["p90_ms"], lat["p99_ms"]) == pytest.approx((50, 90, 99))
+    assert lat["max_ms"] == pytest.approx(100)
+    assert lat["steps"] == 100
+    assert step_percentiles([]) is None
+    assert step_percentiles([float("nan"), -1.0]) is None

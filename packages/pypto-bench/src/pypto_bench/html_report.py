@@ -58,6 +58,7 @@ from .report import (
     noise_lines,
     numerics_line,
     schedule_lines,
+    step_latency_line,
     sweep_rows,
     vl_line,
 )
@@ -375,7 +376,7 @@ def _details_lines(data: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     arms = [a for a in data.get("arms") or [] if isinstance(a, dict)]
     for arm in arms:
-        for line in (kv_cache_line(arm), mitigations_line(arm)):
+        for line in (kv_cache_line(arm), mitigations_line(arm), step_latency_line(arm)):
             if line:
                 lines.append(f"{arm.get('name')}: {line}")
         if arm.get("outputs_differ_by_design"):

@@ -17,6 +17,7 @@ __all__ = [
     "BANDWIDTH_METHOD",
     "MATMUL_METHOD",
     "RSS_METHOD",
+    "STEP_LATENCY_HOW",
     "RssPeak",
     "attention_flops_per_token",
     "cache_bytes_probe",
@@ -27,6 +28,7 @@ __all__ = [
     "measure_matmul_peak",
     "read_rss",
     "roofline",
+    "step_percentiles",
     "summarize",
     "summarize_seconds",
     "timed",
@@ -424,3 +426,33 @@ def read_rss() -> tuple[int | None, int | None]:
                 if parts and parts[0].isdigit():
                     values[key] = int(parts[0]) * 1024  # the kernel writes kB
     return values.get("VmHWM"), values.get("VmRSS")
+
+
+#: How the per-token latency percentiles are measured (the report says it beside them).
+STEP_LATENCY_HOW = (
+    "one untimed teacher-forced pass (the numerical gate's), the device synchronized around "
+    "every step; the timed rounds never synchronize inside the loop"
+)
+
+
+def step_percentiles(seconds: list[float]) -> dict[str, Any] | None:
+    """Per-token decode latency: p50 / p90 / p99 / mean / max in milliseconds over the steps
+    (nearest-rank percentiles), with how they were measured; None without steps."""
+    import math
+
+    times = sorted(float(t) for t in seconds if math.isfinite(t) and t >= 0)
+    if not times:
+        return None
+
+    def rank(q: float) -> float:
+        return times[min(len(times) - 1, max(0, math.ceil(q * len(times)) - 1))] * 1e3
+
+    return {
+        "p50_ms": rank(0.50),
+        "p90_ms": rank(0.90),
+        "p99_ms": rank(0.99),
+        "mean_ms": sum(times) / len(times) * 1e3,
+        "max_ms": times[-1] * 1e3,
+        "steps": len(times),
+        "how": STEP_LATENCY_HOW,
+    }

@@ -79,6 +79,8 @@ class Reference:
     float32_logits: Any = None
     #: Why no floor was measured (None: measured, or a full-precision dtype).
     floor_note: str | None = None
+    #: Decode: the eager pass's per-step seconds (device synchronized), for its latency.
+    step_seconds: tuple[float, ...] = ()
 
 
 #: The half types, judged against their measured floor (``FLOOR_K`` x its KL max).
@@ -103,8 +105,9 @@ def eager_reference(ctx: Context) -> Reference | None:
     if regime == Regime.DECODE:
         from .protocol.decode import generate_logits
 
-        tokens, logits = generate_logits(ctx)
-        ref = Reference(regime, dtype, logits, tokens)
+        times: list[float] = []
+        tokens, logits = generate_logits(ctx, step_times=times)
+        ref = Reference(regime, dtype, logits, tokens, step_seconds=tuple(times))
     elif regime == Regime.PREFILL:
         from .protocol.prefill import prefill_fn
 
@@ -116,7 +119,7 @@ def eager_reference(ctx: Context) -> Reference | None:
     if dtype not in HALF_DTYPES:
         return ref
     floor, full, note = half_floor(ctx, ref)
-    return Reference(ref.regime, dtype, ref.logits, ref.tokens, floor, full, note)
+    return Reference(ref.regime, dtype, ref.logits, ref.tokens, floor, full, note, ref.step_seconds)
 
 
 def _teacher_forced_float32(ctx: Context, ref: Reference) -> Any:
@@ -191,12 +194,16 @@ def _arm_logits(
 
         with torch.inference_mode():
             return fn(), None, "every prompt position's logits"
+    times: list[float] = []
     forced = getattr(fn, "forced_logits", None)
     if forced is not None:
-        return forced(ref.tokens), None, "teacher-forced with the eager tokens"
+        logits = forced(ref.tokens, step_times=times)
+        _step_latency(arm, times)
+        return logits, None, "teacher-forced with the eager tokens"
     free = getattr(fn, "free_logits", None)
     if free is not None:
-        tokens, logits = free()
+        tokens, logits = free(step_times=times)
+        _step_latency(arm, times)
         n = min(_first_difference(tokens, ref.tokens) + 1, int(logits.shape[1]))
         total = int(ref.logits.shape[1])
         basis = (
@@ -207,6 +214,15 @@ def _arm_logits(
     raise RuntimeError(f"the {arm.name} arm exposes no logits to check")
 
 
+def _step_latency(arm: ArmResult, seconds: list[float] | tuple[float, ...]) -> None:
+    """Per-token decode latency percentiles from the gate's untimed pass (issue #45)."""
+    from .measure import step_percentiles
+
+    summary = step_percentiles(list(seconds))
+    if summary is not None:
+        arm.details["step_latency"] = summary
+
+
 def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) -> None:
     """Judge ``arm``'s logits against ``ref`` and record the verdict in ``arm.numerics``.
 
@@ -215,6 +231,8 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
     """
     from pypto_precision import judge_logits, logit_metrics
 
+    if arm.name == Arm.EAGER and ref is not None and arm.ok:
+        _step_latency(arm, ref.step_seconds)  # the eager reference pass is the eager arm's
     if arm.name == Arm.EAGER or not arm.ok:
         return
     if arm.outputs_differ_by_design:

@@ -59,6 +59,7 @@ __all__ = [
     "report_to_markdown",
     "schedule_lines",
     "schema",
+    "step_latency_line",
     "sweep_rows",
     "underlying_error",
     "validate_report",
@@ -577,6 +578,23 @@ def numerics_line(arm: dict[str, Any]) -> str | None:
     return f"numerics {verdict}: {num.get('why')}{perplexity_text(num)}"
 
 
+def step_latency_line(arm: dict[str, Any]) -> str | None:
+    """``per-token latency p50 1.20 ms, p90 1.40 ms, p99 2.00 ms (11 steps, ...); first call
+    3.2 s`` (the cold start: capture or compile) where measured, else None."""
+    lat = (arm.get("details") or {}).get("step_latency") or {}
+    first = (arm.get("details") or {}).get("capture_s")
+    parts = []
+    if isinstance(lat.get("p50_ms"), (int, float)):
+        parts.append(
+            f"per-token latency p50 {lat['p50_ms']:.3g} ms, p90 {lat['p90_ms']:.3g} ms, "
+            f"p99 {lat['p99_ms']:.3g} ms ({lat.get('steps')} steps of an untimed pass, "
+            "synchronized each step)"
+        )
+    if isinstance(first, (int, float)):
+        parts.append(f"first call (capture / compile, the cold start) {first:.3g} s")
+    return "; ".join(parts) or None
+
+
 def perplexity_text(num: dict[str, Any]) -> str:
     """``; perplexity 41.2 (eager 41.2, x1.000) on <text>`` where measured, else ''."""
     ppl = num.get("perplexity") or {}
@@ -868,6 +886,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
         line = numerics_line(arm)
         if line:
             lines.append(f"{arm['name']}: {line}")
+        line = step_latency_line(arm)
+        if line:
+            lines.append(f"{arm['name']}: {line}")
     lines += _sweep_lines(data)
     lines += _distributed_lines(data)
     return "\n".join(lines)
@@ -1059,6 +1080,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
             )
     for arm in data["arms"]:
         line = numerics_line(arm)
+        if line:
+            lines.append(f"\n- `{arm['name']}` {line}")
+        line = step_latency_line(arm)
         if line:
             lines.append(f"\n- `{arm['name']}` {line}")
     failed = [a for a in data["arms"] if not a["ok"]]

@@ -10,6 +10,7 @@ work and no new inputs.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from . import _hf
 from .backends import GraphBackend, make_backend
 from .cache import make_capture_safe_cache
-from .device import resolve_device
+from .device import resolve_device, synchronize
 from .errors import PyptoCaptureError, UnsupportedModelError
 from .mitigations import apply_capture_mitigations, needs_capture_mitigations
 
@@ -241,8 +242,6 @@ class DecodeStepRunner:
         """
         if self._captured is not None:
             return
-        import time
-
         fresh = self.cache is None
         if fresh:  # capture before any prompt: prefill a dummy token to size the cache
             self.prefill(torch.zeros(self.batch_size, 1, dtype=torch.long, device=self.device))
@@ -307,7 +306,11 @@ class DecodeStepRunner:
 
     @torch.no_grad()
     def forced_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, tokens: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        tokens: torch.Tensor,
+        step_times: list[float] | None = None,
     ) -> torch.Tensor:
         """Teacher-forced logits ``[B, n, vocab]`` of this runner over ``tokens`` ``[B, n]``.
 
@@ -315,7 +318,10 @@ class DecodeStepRunner:
         position differs; a 1% error can leave every argmax unchanged). Here step 0 is the
         prefill's last logits and step ``i`` the captured step replayed on ``tokens[:, i-1]``,
         so each step is fed the reference's tokens and judged on its own. The cache is
-        rewound first; the timed iterations rewind it again.
+        rewound first; the timed iterations rewind it again. ``step_times`` receives each
+        replay's seconds, the device synchronized around it (per-token latency
+        percentiles, from this pass rather than the timed ones, which never synchronize
+        inside the loop).
         """
         if tokens.dim() != 2 or tokens.shape[0] != self.batch_size or tokens.shape[1] < 1:
             raise PyptoCaptureError(
@@ -338,7 +344,14 @@ class DecodeStepRunner:
         forced = tokens.to(self.device)
         for i in range(1, n):
             self.tok.copy_(forced[:, i - 1 : i])
-            self._captured.replay()
+            if step_times is None:
+                self._captured.replay()
+            else:
+                synchronize(self.device)
+                start = time.perf_counter()
+                self._captured.replay()
+                synchronize(self.device)
+                step_times.append(time.perf_counter() - start)
             out[:, i].copy_(self.logits)
         self._host_pos += n - 1
         return out

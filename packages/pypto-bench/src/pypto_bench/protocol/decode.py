@@ -26,6 +26,7 @@ from .peer import peer_generate_kwargs, recipe_scope
 __all__ = [
     "DecodeRegime",
     "FirstLogitsStamp",
+    "StepStamps",
     "compile_first",
     "decode_sample",
     "eager_generate",
@@ -113,16 +114,41 @@ def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[A
     return out[:, ctx.input_ids.shape[1] :], stamp.stamp - start, end - stamp.stamp
 
 
-def generate_logits(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
+class StepStamps:
+    """Logits processor that stamps every step, the device synchronized (per-token latency
+    of an untimed pass: the time between consecutive steps' logits)."""
+
+    def __init__(self, device: Any, synchronize: Callable[[Any], None]) -> None:
+        self.device = device
+        self.synchronize = synchronize
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.synchronize(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+    def step_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+
+def generate_logits(
+    ctx: Context, extra: dict[str, Any] | None = None, step_times: list[float] | None = None
+) -> tuple[Any, Any]:
     """One greedy generate, untimed, with its raw logits: (tokens [B, n], logits [B, n, V]).
 
     The numerical gate's reference (the eager arm's own path, so its tokens are the eager
     arm's) and the hf-compile arm's logits (``extra``: its recipe). Raw logits, before any
-    processor (``min_new_tokens`` masks EOS in the processed scores).
+    processor (``min_new_tokens`` masks EOS in the processed scores). ``step_times``
+    receives the seconds between consecutive steps, the device synchronized.
     """
     import torch
+    from transformers import LogitsProcessorList
+
+    from pypto_capture import synchronize
 
     cfg = ctx.config
+    stamps = StepStamps(ctx.device, synchronize)
     kwargs: dict[str, Any] = {
         "input_ids": ctx.input_ids,
         "attention_mask": ctx.attention_mask,
@@ -131,12 +157,15 @@ def generate_logits(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[
         "pad_token_id": ctx.pad_id,
         "output_logits": True,
         "return_dict_in_generate": True,
+        "logits_processor": LogitsProcessorList([stamps]),
     }
     if cfg.ignore_eos:
         kwargs["min_new_tokens"] = cfg.gen
     kwargs.update(extra or {})
     with torch.inference_mode():
         out = ctx.model.generate(**kwargs)
+    if step_times is not None:
+        step_times.extend(stamps.step_seconds())
     tokens = out.sequences[:, ctx.input_ids.shape[1] :]
     return tokens, torch.stack(list(out.logits), dim=1)
 
@@ -192,12 +221,12 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         rest, dec = timed(ctx.device, lambda: runner.decode(first, cfg.gen - 1))
         return torch.cat([first.reshape(-1, 1), rest], dim=1), ttft, dec
 
-    def forced(tokens: Any, prompt: Any = None) -> Any:
+    def forced(tokens: Any, prompt: Any = None, step_times: list[float] | None = None) -> Any:
         """Teacher-forced logits after ``prompt`` (default: the run's own prompt, same shape)."""
         with torch.inference_mode():
             if prompt is None:
-                return runner.forced_logits(ctx.input_ids, ctx.attention_mask, tokens)
-            return runner.forced_logits(prompt, torch.ones_like(prompt), tokens)
+                return runner.forced_logits(ctx.input_ids, ctx.attention_mask, tokens, step_times)
+            return runner.forced_logits(prompt, torch.ones_like(prompt), tokens, step_times)
 
     # The numerical gate's view of this arm (pypto_bench.numerics): the captured step's
     # logits, teacher-forced with the reference's tokens.
@@ -255,7 +284,9 @@ def _arm_iteration(ctx: Context, arm: ArmResult) -> Iterator[DecodeIteration]:
 
             # The numerical gate's view of this arm (pypto_bench.numerics): its own
             # generate with the raw logits (transformers' generate takes no forced tokens).
-            once.free_logits = lambda: generate_logits(ctx, extra)  # type: ignore[attr-defined]
+            once.free_logits = lambda step_times=None: generate_logits(  # type: ignore[attr-defined]
+                ctx, extra, step_times
+            )
             yield once
     else:
         yield graph_decode_iteration(ctx, arm)
