@@ -197,3 +197,44 @@ def test_the_trace_steps_are_the_steps_profile_json_averages(eager_profile):
         1 for a, b in itertools.pairwise(ordered) if abs(a["ts"] + a["dur"] - b["ts"]) < 1e-6
     )
     assert tiled >= 1
+
+
+def _overlaps_without_nesting(slices: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of slices on one track that overlap without one containing the other."""
+    bad = []
+    open_: list[dict] = []
+    for e in sorted(slices, key=lambda e: (e["ts"], -e["dur"])):
+        end = e["ts"] + e["dur"]
+        while open_ and open_[-1]["ts"] + open_[-1]["dur"] <= e["ts"] + 1e-3:
+            open_.pop()
+        if open_ and end > open_[-1]["ts"] + open_[-1]["dur"] + 1e-3:
+            bad.append((open_[-1]["name"], e["name"]))
+        open_.append(e)
+    return bad
+
+
+@pytest.mark.parametrize("which", ["eager_profile", "graph_profile"])
+def test_chrome_trace_is_a_valid_trace_on_every_track(which, request):
+    """Issue #45: what a trace viewer needs: every slice has ph/ts/dur/pid/tid and a name,
+    and on one track (pid, tid) two slices either do not overlap or one holds the other
+    (Perfetto and chrome://tracing draw anything else as a broken stack)."""
+    trace = chrome_trace(request.getfixturevalue(which))
+    slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert slices
+    for e in slices:
+        assert {"ph", "ts", "dur", "pid", "tid", "name"} <= e.keys(), e
+        assert isinstance(e["ts"], (int, float))
+        assert e["dur"] >= 0
+    tracks: dict[tuple, list[dict]] = {}
+    for e in slices:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track, items in tracks.items():
+        assert _overlaps_without_nesting(items) == [], track
+
+
+def test_the_track_check_fails_a_broken_stack():
+    a, b = {"name": "a", "ts": 0.0, "dur": 10.0}, {"name": "b", "ts": 5.0, "dur": 10.0}
+    inner = {"name": "inner", "ts": 2.0, "dur": 3.0}
+    assert _overlaps_without_nesting([a, b]) == [("a", "b")]
+    assert _overlaps_without_nesting([a, inner]) == []
+    assert _overlaps_without_nesting([a, {"name": "c", "ts": 10.0, "dur": 1.0}]) == []
