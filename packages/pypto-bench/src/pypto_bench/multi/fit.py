@@ -8,8 +8,6 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pypto_capture.device import free_bytes
-
 if TYPE_CHECKING:
     from ..config import BenchConfig
 
@@ -36,6 +34,10 @@ def baseline_skip_reason(config: BenchConfig, device: Any) -> str | None:
     memory. Unknown sizes run it (an out-of-memory error then skips it)."""
     if not config.nproc_baseline:
         return "skipped by --no-baseline"
+    # Imported here: a launched rank imports this module before it binds its device, and
+    # pypto_capture imports torch (the binding must come first: multi.rank).
+    from pypto_capture.device import free_bytes
+
     from ..loading import check_model_folder
 
     need = checkpoint_bytes(check_model_folder(config.model_path), config.dtype)
