@@ -12,6 +12,7 @@ from pypto_bench import EXIT
 from pypto_bench.cli import main
 from pypto_bench.html_report import report_to_html
 from pypto_bench.report import NOT_COMPARABLE, format_table, report_to_markdown
+from pypto_testing.planted import OnePercentMLP
 
 
 def test_a_correct_graph_arm_passes_teacher_forced(decode_report):
@@ -49,38 +50,11 @@ def test_a_correct_graph_arm_passes_teacher_forced(decode_report):
     assert report.arm("eager").numerics is None  # the reference itself
 
 
-class _OnePercent:
-    """A broken kernel plug-in (the `pypto.kernels` hook): layer 1's MLP output 1% off,
-    only while its arm (pypto+graph) runs. Greedy tokens of a tiny model survive it."""
-
-    name = "broken_mlp"
-
-    def applies_to(self, model):
-        return hasattr(model, "model")
-
-    def enable(self, model):
-        from contextlib import contextmanager
-
-        @contextmanager
-        def on():
-            mlp = model.model.layers[1].mlp
-            handle = mlp.register_forward_hook(lambda m, a, out: out * 1.01)
-            try:
-                yield
-            finally:
-                handle.remove()
-
-        return on()
-
-    def report(self):
-        return {}
-
-
 @pytest.fixture
 def broken_plugin():
     import pypto_bench
 
-    plugin = _OnePercent()
+    plugin = OnePercentMLP()
     pypto_bench.register_plugin(plugin)
     try:
         yield plugin

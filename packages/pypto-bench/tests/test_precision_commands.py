@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 from pypto_precision import EXIT, read_dump
 from pypto_precision.cli import main
 from pypto_testing.models import make_tiny_model
+from pypto_testing.planted import OnePercentMLP
 
 CLI = shutil.which("pypto-precision", path=str(Path(sys.executable).parent))
 
@@ -124,36 +125,10 @@ def test_replay_inputs_tells_the_module_wrong_on_its_own(tiny, planted, tmp_path
     assert "wrong on its own: model.layers.1.mlp.down_proj#0" in capsys.readouterr().err
 
 
-class _OnePercent:
-    """A broken kernel plug-in: its "fused MLP" of layer 1 is 1% off."""
-
-    name = "broken_mlp"
-
-    def applies_to(self, model):
-        return hasattr(model, "model")
-
-    def enable(self, model):
-        from contextlib import contextmanager
-
-        @contextmanager
-        def on():
-            mlp = model.model.layers[1].mlp
-            handle = mlp.register_forward_hook(lambda m, a, out: out * 1.01)
-            try:
-                yield
-            finally:
-                handle.remove()
-
-        return on()
-
-    def report(self):
-        return {}
-
-
 def test_a_broken_kernel_plugin_is_caught_with_kernels(tiny, tmp_path, capsys):
     import pypto_bench
 
-    plugin = _OnePercent()
+    plugin = OnePercentMLP()
     pypto_bench.register_plugin(plugin)  # the library hook: treated as an installed entry point
     try:
         code = main(["check", "--model-path", str(tiny), "--kernels", "--out", str(tmp_path / "k")])

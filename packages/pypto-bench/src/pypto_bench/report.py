@@ -840,6 +840,17 @@ def failure_lines(arm: dict[str, Any]) -> list[str]:
     return out
 
 
+def _arm_lines(data: dict[str, Any], makers: Sequence[Any], fmt: str) -> list[str]:
+    """Each arm's lines from ``makers`` (a maker returns a line or None), in ``fmt``."""
+    out = []
+    for arm in data["arms"]:
+        for make in makers:
+            line = make(arm)
+            if line:
+                out.append(fmt.format(name=arm["name"], line=line))
+    return out
+
+
 def format_table(report: Report | dict[str, Any]) -> str:
     """Plain-text table for the terminal."""
     data = _as_dict(report)
@@ -866,13 +877,7 @@ def format_table(report: Report | dict[str, Any]) -> str:
     note = _memory_note(data)
     if note:
         lines.append(note)
-    for arm in data["arms"]:
-        line = _kv_cache_line(arm)
-        if line:
-            lines.append(f"{arm['name']}: {line}")
-        line = _mitigations_line(arm)
-        if line:
-            lines.append(f"{arm['name']}: {line}")
+    lines += _arm_lines(data, (_kv_cache_line, _mitigations_line), "{name}: {line}")
     for arm in data["arms"]:
         if arm.get("outputs_differ_by_design"):
             lines.append(
@@ -882,13 +887,7 @@ def format_table(report: Report | dict[str, Any]) -> str:
             first, *more = failure_lines(arm)
             lines.append(f"{arm['name']}: {first}")
             lines += [f"  {m}" for m in more]
-    for arm in data["arms"]:
-        line = numerics_line(arm)
-        if line:
-            lines.append(f"{arm['name']}: {line}")
-        line = step_latency_line(arm)
-        if line:
-            lines.append(f"{arm['name']}: {line}")
+    lines += _arm_lines(data, (numerics_line, step_latency_line), "{name}: {line}")
     lines += _sweep_lines(data)
     lines += _distributed_lines(data)
     return "\n".join(lines)
@@ -1066,25 +1065,13 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
     note = _memory_note(data)
     if note:
         lines.append(f"\n- {note}")
-    for arm in data["arms"]:
-        line = _kv_cache_line(arm)
-        if line:
-            lines.append(f"\n- `{arm['name']}` {line}")
-        line = _mitigations_line(arm)
-        if line:
-            lines.append(f"\n- `{arm['name']}` {line}")
+    lines += _arm_lines(data, (_kv_cache_line, _mitigations_line), "\n- `{name}` {line}")
     for arm in data["arms"]:
         if arm.get("outputs_differ_by_design"):
             lines.append(
                 f"\n- `{arm['name']}`: outputs differ by design ({arm['outputs_differ_by_design']})"
             )
-    for arm in data["arms"]:
-        line = numerics_line(arm)
-        if line:
-            lines.append(f"\n- `{arm['name']}` {line}")
-        line = step_latency_line(arm)
-        if line:
-            lines.append(f"\n- `{arm['name']}` {line}")
+    lines += _arm_lines(data, (numerics_line, step_latency_line), "\n- `{name}` {line}")
     failed = [a for a in data["arms"] if not a["ok"]]
     for arm in failed:
         lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")

@@ -74,6 +74,23 @@ class FirstLogitsStamp:
         return scores
 
 
+def _generate_kwargs(ctx: Context, processors: Any, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The greedy ``generate`` call of this run (timed and untimed passes alike)."""
+    cfg = ctx.config
+    kwargs: dict[str, Any] = {
+        "input_ids": ctx.input_ids,
+        "attention_mask": ctx.attention_mask,
+        "do_sample": False,
+        "max_new_tokens": cfg.gen,
+        "logits_processor": processors,
+        "pad_token_id": ctx.pad_id,
+    }
+    if cfg.ignore_eos:
+        kwargs["min_new_tokens"] = cfg.gen
+    kwargs.update(extra or {})
+    return kwargs
+
+
 def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[Any, float, float]:
     """One greedy generate: (new tokens [B, n], ttft_s, decode_s).
 
@@ -85,19 +102,8 @@ def eager_generate(ctx: Context, extra: dict[str, Any] | None = None) -> tuple[A
 
     from pypto_capture import synchronize
 
-    cfg = ctx.config
     stamp = FirstLogitsStamp(ctx.device, synchronize)
-    kwargs: dict[str, Any] = {
-        "input_ids": ctx.input_ids,
-        "attention_mask": ctx.attention_mask,
-        "do_sample": False,
-        "max_new_tokens": cfg.gen,
-        "logits_processor": LogitsProcessorList([stamp]),
-        "pad_token_id": ctx.pad_id,
-    }
-    if cfg.ignore_eos:
-        kwargs["min_new_tokens"] = cfg.gen
-    kwargs.update(extra or {})
+    kwargs = _generate_kwargs(ctx, LogitsProcessorList([stamp]), extra)
     with torch.inference_mode():
         synchronize(ctx.device)
         start = time.perf_counter()
@@ -147,21 +153,9 @@ def generate_logits(
 
     from pypto_capture import synchronize
 
-    cfg = ctx.config
     stamps = StepStamps(ctx.device, synchronize)
-    kwargs: dict[str, Any] = {
-        "input_ids": ctx.input_ids,
-        "attention_mask": ctx.attention_mask,
-        "do_sample": False,
-        "max_new_tokens": cfg.gen,
-        "pad_token_id": ctx.pad_id,
-        "output_logits": True,
-        "return_dict_in_generate": True,
-        "logits_processor": LogitsProcessorList([stamps]),
-    }
-    if cfg.ignore_eos:
-        kwargs["min_new_tokens"] = cfg.gen
-    kwargs.update(extra or {})
+    kwargs = _generate_kwargs(ctx, LogitsProcessorList([stamps]), extra)
+    kwargs.update(output_logits=True, return_dict_in_generate=True)
     with torch.inference_mode():
         out = ctx.model.generate(**kwargs)
     if step_times is not None:
