@@ -88,6 +88,10 @@ def _check_arms(report, model_type, regime):
             match = a.token_match
             assert match["rate"] == 1.0, f"{model_type} {regime} {a.name}: {match}"
             assert match["compared"] >= 8, match
+            # The numerical gate: the arm's logits equal eager's within fp32's allowance,
+            # teacher-forced past every window (issue #42).
+            verdict = (a.numerics or {}).get("verdict")
+            assert verdict == "pass", f"{model_type} {regime} {a.name}: {a.numerics}"
 
 
 def _state_formula(config, batch, elem):
