@@ -571,3 +571,60 @@ def test_a_run_id_past_int64_is_a_usage_error(tmp_path, capsys):
     lines = out.err.strip().splitlines()
     assert len(lines) == 1, out.err
     assert "run id must be between 1 and 2**63-1" in lines[0]
+
+
+# --- the second adversarial pass (issue #43) -------------------------------------------
+
+
+@pytest.mark.parametrize("sidecar", ["-journal", "-wal", "-shm"])
+def test_a_fifo_beside_the_history_is_refused_not_waited_on(tmp_path, capsys, sidecar):
+    """A FIFO at DB-journal hung the writer forever (SIGTERM ignored): refused in one line
+    by every command, before anything runs, and the FIFO is left as it was."""
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    fifo = Path(f"{db}{sidecar}")
+    os.mkfifo(fifo)
+    with pytest.raises(HistoryError, match="not a regular file"):
+        record(db, make_report(graph=STEADY))
+    report = tmp_path / "r.json"
+    report.write_text(make_report(graph=STEADY).to_json())
+    for argv in (["history", "list", "--db", str(db)],
+                 ["history", "add", str(report), "--db", str(db)]):  # fmt: skip
+        assert main(argv) == EXIT.USAGE
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(err) == 1
+        assert sidecar[1:] in err[0]
+    assert fifo.exists()
+
+
+def test_a_report_a_history_cannot_hold_is_not_recorded(tmp_path, capsys):
+    """`history add` of a report whose batch is text once succeeded and then every read of
+    the history refused it: now refused, nothing written, the history still reads."""
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    bad = make_report(graph=STEADY).to_dict()
+    bad["config"]["batch"] = "abc"
+    report = tmp_path / "bad.json"
+    report.write_text(json.dumps(bad))
+    assert main(["history", "add", str(report), "--db", str(db)]) == EXIT.USAGE
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1
+    assert "nothing was recorded" in err[0]
+    assert "batch" in err[0]
+    assert main(["history", "list", "--db", str(db)]) == EXIT.OK
+
+
+def test_an_error_quoting_a_strangers_text_prints_no_escape_sequence(tmp_path, capsys):
+    """A history that is a link whose target name holds terminal escapes: the one-line
+    error names it with the controls replaced (they retitled and cleared the terminal)."""
+    target = tmp_path / "x\x1b]0;PWNED\x07\x1b[2J\u202eevil"
+    target.write_bytes(b"")
+    link = tmp_path / "link.db"
+    link.symlink_to(target)
+    assert main(["history", "list", "--db", str(link)]) == EXIT.USAGE
+    err = capsys.readouterr().err
+    assert "\x1b" not in err
+    assert "\x07" not in err
+    assert "\u202e" not in err
+    assert "symbolic link" in err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1

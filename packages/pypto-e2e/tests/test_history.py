@@ -91,3 +91,27 @@ def test_a_file_that_is_not_a_history_is_refused_before_any_step(model: Path) ->
     assert "is not an SQLite database" in errors[0]
     assert not (model / "work").exists()
     assert db.read_text() == "not a database\n"
+
+
+def test_an_unwritable_history_is_refused_before_any_step(
+    model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #43's second pass: the bench step ran and then could not record (a read-only
+    folder): the same writability check as `pypto-bench run --history`, before any step.
+    (As root the file modes do not bind: the check is os.access, answered False here.)"""
+    from pypto_bench import history
+    from pypto_e2e.cli import main
+
+    folder = model / "ro"
+    folder.mkdir()
+    real = os.access
+    monkeypatch.setattr(
+        history.os, "access", lambda p, mode: False if Path(p) == folder else real(p, mode)
+    )
+    argv = [*RUN, "--model-path", str(model / "model"), "--work-dir", str(model / "work"),
+            "--history", str(folder / "h.db")]  # fmt: skip
+    assert main(argv) == EXIT.USAGE
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln.lower()]
+    assert len(errors) == 1
+    assert "is not writable" in errors[0]
+    assert not (model / "work").exists()

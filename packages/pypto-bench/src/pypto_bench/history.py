@@ -225,6 +225,7 @@ def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = 
     database another writer is creating right now has no tables yet.
     """
     p = Path(path).expanduser()
+    _check_sidecars(p)
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -301,6 +302,30 @@ def _roll_back(path: Path, journal: Path, *, create: bool) -> None:
             f"committed (rolled back now): `pypto-bench run ... --history {path}` starts it"
         )
     log.warning("history %s: rolled back a write that was stopped before it committed", path)
+
+
+#: The files SQLite keeps beside a database (rollback journal, write-ahead log, its index).
+_SIDECARS = ("-journal", "-wal", "-shm")
+
+
+def _check_sidecars(p: Path) -> None:
+    """Refuse a journal, WAL or shared-memory file beside ``p`` that is not a regular file:
+    SQLite would follow a link, and block forever opening a FIFO (SIGTERM could not end it)."""
+    for suffix in _SIDECARS:
+        side = Path(f"{p}{suffix}")
+        try:
+            st = os.lstat(side)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise HistoryError(f"{side} cannot be read ({err.strerror}): {_fix(p)}") from None
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise HistoryError(
+                f"history {p}: its SQLite {suffix[1:]} file {side} is {kind} (a FIFO, folder, "
+                f"device or link: SQLite would block on it or follow it): remove it or "
+                "pass another path"
+            )
 
 
 def check_writable(path: str | os.PathLike[str]) -> Path:
@@ -519,6 +544,13 @@ def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int
                             tps.method if tps else None,
                         ),
                     )
+                try:  # what readers will refuse is never written (a report's "batch": "abc")
+                    _check_values(con, p)
+                except HistoryError as err:
+                    raise HistoryError(
+                        f"the report does not hold what a history row stores, nothing was "
+                        f"recorded: {str(err).split(': ', 1)[-1].split(' (a damaged')[0]}"
+                    ) from None
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")

@@ -169,10 +169,11 @@ class RunConfig:
                 # --nnodes N: each node runs this command with its own work dir (its own
                 # download, pin and smoke); the bench step joins the nodes' ranks.
                 bench.validate()
-                if bench.history:  # a refused history file stops the run before any step
-                    from pypto_bench.history import check_db_path
+                if bench.history:  # a refused or unwritable history stops the run before
+                    # any step (the bench step once ran and then could not record it)
+                    from pypto_bench.history import check_writable
 
-                    check_db_path(bench.history, create=True)
+                    check_writable(bench.history)
             except BadInputError as err:
                 raise BadRunInputError(
                     str(err), cause=cause_of("pypto-bench", "pypto_bench", err.exit_code)
