@@ -291,6 +291,13 @@ def test_a_killed_rank_ends_its_peer_within_the_timeout(tiny: Path, tmp_path: Pa
           "MASTER_PORT": "29500"}, "MASTER_ADDR is empty"),
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "a" * 300,
           "MASTER_PORT": "29500"}, "is not a host name"),
+        # the second adversarial pass: the launch uses the raw value (no stripping there)
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "[::1",
+          "MASTER_PORT": "29500"}, "unbalanced brackets"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "[[127.0.0.1]]",
+          "MASTER_PORT": "29500"}, "unbalanced brackets"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1\n",
+          "MASTER_PORT": "29500"}, "white space"),
     ],
 )  # fmt: skip
 def test_a_broken_launcher_environment_is_one_line(env: dict[str, str], needle: str) -> None:

@@ -478,11 +478,17 @@ def check_host(host: str, what: str, fix: str) -> str:
     digits, ``-`` and ``_``, at most 253 characters); a one-line BadInputError naming
     ``what`` and ``fix`` otherwise. Checked before anything waits on the host: a bad one
     used to fail later as a rendezvous timeout (exit 48) or an unexpected UnicodeError."""
-    host = host.strip()
-    if not host:
+    if not host.strip():
         raise BadInputError(f"{what} is empty: {fix}")
+    if host != host.strip() or any(c.isspace() for c in host):
+        # The launch uses the value as given: a trailing newline or space is not stripped
+        # there, so it is refused here rather than waited on until the rank timeout.
+        raise BadInputError(f"{what}={host[:60]!r} holds white space: {fix}")
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if "[" in inner or "]" in inner:
+        raise BadInputError(f"{what}={host[:60]!r} has unbalanced brackets: {fix}")
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        ipaddress.ip_address(inner)
         return host
     except ValueError:
         pass
