@@ -119,16 +119,18 @@ def test_a_request_a_rank_profile_cannot_take_is_one_line(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("planted", ["ranks", "ranks/eager"])
 def test_a_link_planted_at_the_ranks_folder_is_not_followed(
-    tiny_llama: Path, tmp_path: Path
+    tiny_llama: Path, tmp_path: Path, planted: str
 ) -> None:
-    """Per-rank traces went through a pre-existing DIR/ranks link, over a file outside."""
+    """Per-rank traces went through a pre-existing DIR/ranks link, over a file outside
+    (and, the second adversarial pass, through DIR/ranks/eager, where the ranks write)."""
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("mine")
     out = tmp_path / "o"
-    out.mkdir()
-    (out / "ranks").symlink_to(outside)
+    (out / planted).parent.mkdir(parents=True)
+    (out / planted).symlink_to(outside)
     got = subprocess.run(
         [TUNE, *PROFILE, "--model-path", str(tiny_llama), "--nproc", "2", "--out", str(out)],
         env=_env(), capture_output=True, text=True, timeout=120,

@@ -102,14 +102,15 @@ def profile_ranks(
             "eager here, or the graph arm on CUDA / NPU"
         )
     folder = out / "ranks"
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        # Created, never followed: a link planted at DIR/ranks sent the per-rank traces
-        # over a file outside --out.
-        raise BadInputError(
-            f"{folder} is {'a symbolic link' if folder.is_symlink() else 'not a folder'}: "
-            "pypto-tune creates its folders and never follows one; remove it or name "
-            "another --out"
-        )
+    for made in (folder, folder / arm):
+        if made.is_symlink() or (made.exists() and not made.is_dir()):
+            # Created, never followed: a link planted at DIR/ranks (or DIR/ranks/<arm>,
+            # where the ranks write) sent the per-rank traces to a folder outside --out.
+            raise BadInputError(
+                f"{made} is {'a symbolic link' if made.is_symlink() else 'not a folder'}: "
+                "pypto-tune creates its folders and never follows one; remove it or name "
+                "another --out"
+            )
     run = replace(
         config,
         arms=(arm,),
