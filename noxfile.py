@@ -451,7 +451,9 @@ def interop(session: nox.Session) -> None:
     names: list[str] = []
     for top in ("pypto-tune", "pypto-precision"):
         names += [d for d in _local_closure(top, packages, ("test",)) if d not in names]
-    _install_local(session, names, packages, {"pypto-tune": "test", "pypto-precision": "test"})
+    # pypto-bench[distributed]: `profile --nproc 2` loads through transformers' TP plan.
+    extras = {"pypto-tune": "test", "pypto-precision": "test", "pypto-bench": "distributed"}
+    _install_local(session, names, packages, extras)
     session.env.update(WORKER_ENV)
     _pytest(
         session,
