@@ -383,16 +383,18 @@ class Gate:
     def after(self, arm: ArmResult, run: Any) -> None:
         """The ``after(arm, run)`` callback the schedules call with each arm still built."""
         arm_numerics(self.ctx, arm, run, self.ref)
-        verdict = (arm.numerics or {}).get("verdict")
-        if verdict in ("pass", "fail") and self.perplexity is not None:
-            arm.numerics["perplexity"] = self._arm_perplexity(run)
-        if (arm.numerics or {}).get("verdict") == "fail" and arm.details.get("plugins"):
+        num = arm.numerics
+        if num is None:
+            return
+        if num.get("verdict") in ("pass", "fail") and self.perplexity is not None:
+            num["perplexity"] = self._arm_perplexity(run)
+        if num.get("verdict") == "fail" and arm.details.get("plugins"):
             folder = self._dir / f"eager-with-{len(self._kernel_dumps)}"
             try:
                 _dump_eager(self.ctx, folder, f"eager with {arm.name}'s plug-ins")
                 self._kernel_dumps[arm.name] = folder
             except Exception as err:  # the locator is a help: its failure is said
-                arm.numerics["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
+                num["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
 
     def _arm_perplexity(self, run: Any) -> dict[str, Any]:
         """This arm's perplexity on the passage beside eager's (teacher-forced replays)."""
