@@ -400,3 +400,24 @@ def test_a_hostile_layer_count_is_refused_before_any_list_is_built():
     # a config with nonsense types counts nothing rather than failing on them
     odd = SimpleNamespace(num_hidden_layers="3", num_attention_heads=None)
     assert static_cache_bytes(odd, batch_size=1, max_cache_len=16) == 0
+
+
+@needs_hf
+def test_an_all_sliding_model_counts_what_the_cache_keeps_per_slot(tmp_path):
+    """Issue #43's second pass: an all-sliding Gemma 3's rings are its window, so a 1e10
+    max_cache_len passed the estimate and then allocated its 10 GB of per-slot flags: the
+    fit check counts them (and the mask and positions), refused before allocating."""
+    from transformers import AutoModelForCausalLM
+
+    from pypto_capture import CacheDoesNotFitError, check_cache_fits, static_cache_bytes
+    from pypto_testing import models
+
+    folder = models.make_tiny_model(
+        tmp_path / "gemma3", "gemma3", layer_types=["sliding_attention"] * 2, num_hidden_layers=2
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    small = static_cache_bytes(model, batch_size=1, max_cache_len=10**10)
+    assert small < 2**20  # the rings alone: the window
+    with pytest.raises(CacheDoesNotFitError, match="per-slot masks"):
+        check_cache_fits(model, batch_size=1, max_cache_len=10**10, device="cpu")
+    assert check_cache_fits(model, batch_size=1, max_cache_len=64, device="cpu") > small

@@ -818,6 +818,15 @@ def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> in
     return total
 
 
+def _element_size(model: Any) -> int:
+    params = getattr(model, "parameters", None)
+    if callable(params):
+        first = next(iter(params()), None)
+        if first is not None:
+            return int(first.element_size())
+    return 4
+
+
 def check_cache_fits(
     model: Any, *, batch_size: int, max_cache_len: int, device: torch.device | str
 ) -> int:
@@ -828,11 +837,18 @@ def check_cache_fits(
     from .errors import CacheDoesNotFitError
 
     need = static_cache_bytes(model, batch_size=batch_size, max_cache_len=max_cache_len)
+    # Beside the rings, what the cache keeps per slot whatever the layers' windows: the
+    # valid-slot flags (one byte per row and slot), a decode mask in the model's dtype and
+    # the slots' positions (int64). An all-sliding model's rings are its window, but these
+    # are max_cache_len long (a 1e10 request tried to allocate 10 GB of flags).
+    need += int(batch_size) * int(max_cache_len) * (1 + _element_size(model)) + 8 * int(
+        max_cache_len
+    )
     free = free_bytes(device)
     if free is not None and need > free:
         raise CacheDoesNotFitError(
             f"a static cache of max_cache_len={max_cache_len} at batch {batch_size} needs "
-            f"{need / 2**30:.2f} GiB of keys and values; {torch.device(device)} has "
+            f"{need / 2**30:.2f} GiB (keys, values and per-slot masks); {torch.device(device)} has "
             f"{free / 2**30:.2f} GiB free: lower max_cache_len"
         )
     return need
