@@ -37,7 +37,9 @@ __all__ = ["MSPROBE", "find_msprobe_dump", "read_msprobe", "write_msprobe"]
 MSPROBE = "msprobe"
 _MAX_TENSOR_FILE = 8 << 30
 _KEY = re.compile(
-    r"Module\.(?P<name>.+)\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.forward\.(?P<call>\d{1,9})"
+    # No control or bidi character in a name (they retitled the terminal and spoofed pages).
+    r"Module\.(?P<name>[^\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+)"
+    r"\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.forward\.(?P<call>\d{1,9})"
 )
 _DATA_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,512}\.pt")
 _MAX_DEPTH = 64
