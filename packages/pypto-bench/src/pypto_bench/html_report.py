@@ -192,11 +192,19 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
                 failed.append(f"{arm.get('name')} (batch {entry.get('batch')}): {arm.get('error')}")
     if failed:
         out.append(box(failed, kind="bad", title="Failed arms"))
+    # Split by the verdict itself, not by the words of its line (a "why" may say anything).
     verdicts = [(a, numerics_line(a)) for a in arms]
-    bad = [f"{a.get('name')}: {line}" for a, line in verdicts if line and "FAIL" in line]
+    failing = [(a.get("numerics") or {}).get("verdict") == "fail" for a in arms]
+    bad = [
+        f"{a.get('name')}: {ln}" for (a, ln), f in zip(verdicts, failing, strict=True) if ln and f
+    ]
     if bad:
         out.append(box(bad, kind="bad", title="Numerics: arms that compute something else"))
-    fine = [f"{a.get('name')}: {line}" for a, line in verdicts if line and "FAIL" not in line]
+    fine = [
+        f"{a.get('name')}: {ln}"
+        for (a, ln), f in zip(verdicts, failing, strict=True)
+        if ln and not f
+    ]
     noise = noise_lines(data)
     if noise:
         out.append(box(noise, kind="warn", title="Noise verdicts"))

@@ -43,7 +43,6 @@ __all__ = [
     "arm_numerics",
     "eager_reference",
     "half_floor",
-    "numerics_failed",
     "passage_ids",
     "perplexity",
 ]
@@ -281,11 +280,6 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
     }
     if not check.ok:
         log.warning("%s: numerics fail: %s", arm.name, check.why)
-
-
-def numerics_failed(arms: list[ArmResult]) -> list[ArmResult]:
-    """The arms whose numbers the gate failed."""
-    return [a for a in arms if (a.numerics or {}).get("verdict") == "fail"]
 
 
 def passage_ids(ctx: Context) -> tuple[Any, str | None]:
