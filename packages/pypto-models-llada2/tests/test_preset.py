@@ -1,5 +1,6 @@
 """The ``llada2_moe`` preset: registered, placed by pypto-patch, loads the pinned folder."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,33 @@ def test_the_published_remote_code_fails_and_the_pinned_folder_loads(
         for n in ("gate", "up")
     )
     assert float(after.split()[-1]) == pytest.approx(expected, rel=1e-9)  # the checkpoint's experts
+
+
+@pytest.mark.parametrize("layers", [10**9, 0, 2.5])
+def test_pypto_patch_apply_refuses_a_layer_count_no_checkpoint_has(tiny_dir, tmp_path, layers):
+    """Issue #43 (second pass, M7): ``pypto-patch apply`` pinned a config declaring 1e9
+    layers and exited 0; the load then built layers until memory ran out. The preset's
+    check refuses it before a byte is written, and the config class again at load."""
+    pypto_patch = pytest.importorskip("pypto_patch")
+    from pypto_models_llada2 import LLaDA2ConfigError, LLaDA2MoeConfig
+    from pypto_testing.folders import folder_bytes
+
+    folder = tmp_path / "LLaDA2.0-mini"
+    shutil.copytree(tiny_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(cfg))
+    before = folder_bytes(folder)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pypto_patch", "apply", "--model-path", str(folder),
+         "--model-family", "llada2_moe"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == pypto_patch.EXIT.USAGE, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert f"num_hidden_layers is {layers!r}, not an integer in 1..1024" in lines[0]
+    assert folder_bytes(folder) == before
+    cfg.pop("auto_map", None)
+    with pytest.raises(LLaDA2ConfigError, match="num_hidden_layers"):
+        LLaDA2MoeConfig(**{k: v for k, v in cfg.items() if k != "model_type"})

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from pypto_models_minimax import MiniMaxConfigError
 from pypto_models_minimax.configuration import PyptoMiniMaxM3Config, PyptoMiniMaxM27Config
 from pypto_models_minimax.modeling import PyptoMiniMaxM3ForCausalLM, PyptoMiniMaxM27ForCausalLM
 from pypto_models_minimax.preset import PRESETS
+from pypto_patch import EXIT
 
 SRC = Path(pypto_models_minimax.__file__).resolve().parent
 
@@ -42,7 +45,7 @@ def test_presets_pass_pypto_patch_validation():
 
 def test_preset_listing_needs_no_torch():
     """pypto-patch imports the package to list presets: the import is standard library."""
-    for name in ("__init__.py", "preset.py", "errors.py"):
+    for name in ("__init__.py", "preset.py", "errors.py", "checks.py"):
         tree = ast.parse((SRC / name).read_text())
         top = {
             (n.module or "").split(".")[0]
@@ -101,10 +104,52 @@ def test_the_m3_config_is_the_vl_checkpoint_s_text_part(m3):
     ],
 )
 def test_a_folder_pinned_with_the_wrong_preset_fails_in_one_line(
-    request, pinned, fixture, family, needle
+    request, copy_of, snapshot, fixture, family, needle
 ):
-    folder = pinned(request.getfixturevalue(fixture), family)
+    """The preset's check refuses the pin before a byte is written; the pinned config class
+    refuses the same dict at load (a folder whose config.json was replaced after the pin)."""
+    from pypto_patch import apply
+    from pypto_patch.errors import PresetMismatchError
+
+    folder = copy_of(request.getfixturevalue(fixture))
+    before = snapshot(folder)
+    with pytest.raises(PresetMismatchError) as refused:
+        apply(folder, family=family)
+    assert needle in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert snapshot(folder) == before
+    config_class = PyptoMiniMaxM27Config if family == "minimax_m27" else PyptoMiniMaxM3Config
     with pytest.raises(MiniMaxConfigError) as info:
-        AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True)
+        config_class.from_dict(json.loads((folder / "config.json").read_text()))
     assert needle in str(info.value)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("family", "layers"),
+    [("minimax_m27", 10**9), ("minimax_m27", 0), ("minimax_m3", 10**9), ("minimax_m3", "2")],
+)
+def test_pypto_patch_apply_refuses_a_layer_count_no_checkpoint_has(
+    family, layers, m27_bf16, m3, copy_of, snapshot
+):
+    """Issue #43 (second pass, M7): ``pypto-patch apply`` pinned a config declaring 1e9
+    layers and exited 0; the load then built layers until memory ran out. The preset's
+    check refuses it before a byte is written, and the config class again at load."""
+    folder = copy_of(m27_bf16 if family == "minimax_m27" else m3)
+    cfg = json.loads((folder / "config.json").read_text())
+    target = cfg.get("text_config", cfg)
+    target["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(cfg))
+    before = snapshot(folder)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pypto_patch", "apply", "--model-path", str(folder),
+         "--model-family", family],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == EXIT.USAGE, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert f"num_hidden_layers is {layers!r}, not an integer in 1..1024" in lines[0]
+    assert snapshot(folder) == before
+    with pytest.raises(MiniMaxConfigError, match="num_hidden_layers"):
+        (PyptoMiniMaxM27Config if family == "minimax_m27" else PyptoMiniMaxM3Config).from_dict(cfg)

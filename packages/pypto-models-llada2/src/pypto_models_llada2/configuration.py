@@ -25,8 +25,29 @@ DEFAULT_MASK_TOKEN_ID = 156895
 DEFAULT_EOS_TOKEN_ID = 156892
 
 
+#: The most layers a config may declare: no model this tool loads has more (the bound
+#: the other families and the pipeline planner use too).
+MAX_LAYERS = 1024
+
+
 class LLaDA2ConfigError(ValueError):
     """The config describes something this modeling cannot compute exactly."""
+
+
+def check_layer_count(value: Any) -> None:
+    """Refuse a ``num_hidden_layers`` that is not an integer in 1..MAX_LAYERS.
+
+    Why: the model is built layer by layer from it, so a damaged or hostile 1e9 ran until
+    memory was gone; pypto-patch runs this through the preset's ``check`` before it writes
+    anything, and the config class again at load.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LAYERS:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:60] + "..."
+        raise LLaDA2ConfigError(
+            f"config.json's num_hidden_layers is {shown}, not an integer in 1..{MAX_LAYERS} "
+            "(no model this tool loads has more): a damaged or hostile config; re-download the model"
+        )
 
 
 class LLaDA2MoeConfig(PretrainedConfig):
@@ -158,6 +179,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
 
     def validate_llada2(self) -> None:
         """Refuse what would silently compute something else than the published model."""
+        check_layer_count(self.num_hidden_layers)
         rot = self.rotary_dims
         if rot < 2 or rot % 2 or rot > self.head_dim:
             raise LLaDA2ConfigError(
@@ -213,7 +235,9 @@ def _check_rope_scaling(value: Any) -> None:
 __all__ = [
     "DEFAULT_EOS_TOKEN_ID",
     "DEFAULT_MASK_TOKEN_ID",
+    "MAX_LAYERS",
     "MODEL_TYPE",
     "LLaDA2ConfigError",
     "LLaDA2MoeConfig",
+    "check_layer_count",
 ]

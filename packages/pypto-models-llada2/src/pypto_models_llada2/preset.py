@@ -8,6 +8,8 @@ checkpoints' own ``auto_map`` uses (``configuration_llada2_moe.LLaDA2MoeConfig``
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import __version__
 
 __all__ = ["PRESET"]
@@ -22,7 +24,21 @@ from pypto_models_llada2.configuration import *  # noqa: F403
 from pypto_models_llada2.configuration import LLaDA2MoeConfig  # noqa: F401
 '''
 
-PRESET = {
+
+def _check(config: Any) -> None:
+    """pypto-patch's pre-write check: a layer count no checkpoint has is refused before
+    a byte is written (the config class refuses it again at load)."""
+    from .configuration import LLaDA2ConfigError, check_layer_count
+
+    if not isinstance(config, dict):
+        raise LLaDA2ConfigError(
+            f"config.json holds a JSON {type(config).__name__}, not an object: re-download the model"
+        )
+    if "num_hidden_layers" in config:
+        check_layer_count(config["num_hidden_layers"])
+
+
+PRESET: dict[str, Any] = {
     "family": "llada2_moe",
     "version": __version__,
     "description": "LLaDA2-MoE block-diffusion LM (LLaDA2.0-mini/-flash) on transformers 5.x, with a block KV cache and a captured step",
@@ -35,4 +51,5 @@ PRESET = {
         "modeling_llada2_moe.py": _MODELING,
         "configuration_llada2_moe.py": _CONFIGURATION,
     },
+    "check": _check,
 }

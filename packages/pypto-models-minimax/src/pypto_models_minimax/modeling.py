@@ -40,7 +40,8 @@ from transformers.models.minimax_m3_vl import modeling_minimax_m3_vl as m3
 
 from pypto_common.checkpoint import split_load_options
 
-from .configuration import PyptoMiniMaxM3Config, PyptoMiniMaxM27Config, check_config_dict
+from .checks import check_config_dict
+from .configuration import PyptoMiniMaxM3Config, PyptoMiniMaxM27Config
 from .errors import MiniMaxConfigError, MiniMaxWeightsError
 from .loading import LoadReport, load_checkpoint
 

@@ -2,7 +2,8 @@
 
 One preset per published checkpoint family. The placed files are two-line shims: the
 code stays versioned by this installed package, and the model folder only records which
-classes load it. Each preset's configuration shim exposes the config class of *its*
+classes load it. Each preset's ``check`` refuses, before a byte is written, a config.json
+that is not its family's or declares sizes no checkpoint has. Each preset's configuration shim exposes the config class of *its*
 family, so a folder pinned with the wrong preset fails on load with one line naming the
 preset that fits.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import __version__
+from .checks import check_config_dict
 
 __all__ = ["MINIMAX_M3", "MINIMAX_M27", "PRESETS"]
 
@@ -41,6 +43,14 @@ _FAMILIES = {
 }
 
 
+def _checker(family: str) -> Any:
+    def check(config: Any) -> None:
+        """pypto-patch's pre-write check: the refusals the pinned config class raises."""
+        check_config_dict(config, family)
+
+    return check
+
+
 def _preset(family: str) -> dict[str, Any]:
     config, model, description = _FAMILIES[family]
     stem = f"{family}_pypto"
@@ -56,6 +66,7 @@ def _preset(family: str) -> dict[str, Any]:
             f"modeling_{stem}.py": _MODELING.format(family=family, model=model),
             f"configuration_{stem}.py": _CONFIGURATION.format(family=family, config=config),
         },
+        "check": _checker(family),
     }
 
 
