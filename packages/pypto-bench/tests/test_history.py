@@ -614,6 +614,57 @@ def test_a_report_a_history_cannot_hold_is_not_recorded(tmp_path, capsys):
     assert main(["history", "list", "--db", str(db)]) == EXIT.OK
 
 
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda d: d["config"].update(batch=10**30),  # past int64: OverflowError at the bind
+        lambda d: d.update(model="a model that is text"),  # AttributeError on .get
+        lambda d: d.update(environment=["x"]),
+        lambda d: d["arms"].append(7),  # an arm that is a number: TypeError
+        lambda d: d["arms"][0].update(name=["eager"]),
+        lambda d: d["arms"][0].update(tokens_per_s={"samples": {"a": 1}}),
+    ],
+    ids=["batch-past-int64", "model-text", "environment-list", "arm-number", "name-list",
+         "samples-object"],
+)  # fmt: skip
+def test_a_report_of_the_wrong_shape_is_one_line_and_nothing_is_recorded(tmp_path, capsys, spoil):
+    """Issue #43 second pass, L2: odd values in a handed-over report were an
+    OverflowError / AttributeError / TypeError traceback (exit 1)."""
+    db = tmp_path / "h.db"
+    record(db, make_report(graph=STEADY))
+    before = db.read_bytes()
+    bad = make_report(graph=STEADY).to_dict()
+    spoil(bad)
+    report = tmp_path / "bad.json"
+    report.write_text(json.dumps(bad))
+    assert main(["history", "add", str(report), "--db", str(db)]) == EXIT.USAGE
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    assert "nothing was recorded" in err[0]
+    assert "Traceback" not in err[0]
+    assert main(["history", "list", "--db", str(db), "--json"]) == EXIT.OK
+    assert len(json.loads(capsys.readouterr().out)) == 1  # the one run recorded before
+    assert db.read_bytes() == before
+
+
+def test_a_row_without_its_interval_is_judged_on_its_median(tmp_path, capsys):
+    """Issue #43 second pass, L1: a NULL low/high (another tool's or an edited row) made
+    `history check` a TypeError traceback."""
+    db = tmp_path / "h.db"
+    for _ in range(4):
+        record(db, make_report(graph=STEADY))
+    with closing(sqlite3.connect(db)) as con:
+        con.execute("UPDATE arms SET tok_s_low = NULL, tok_s_high = NULL WHERE run_id = 4")
+        con.commit()
+    assert main(["history", "check", "--db", str(db), "--json"]) == EXIT.OK
+    doc = json.loads(capsys.readouterr().out)
+    measures = [m for g in doc["groups"] for m in g["measures"] if m["measure"] == "tok/s"]
+    assert measures
+    for m in measures:
+        assert m["newest"]["low"] == m["newest"]["high"] == m["newest"]["median"]
+        assert m["verdict"] == "no change"
+
+
 def test_an_error_quoting_a_strangers_text_prints_no_escape_sequence(tmp_path, capsys):
     """A history that is a link whose target name holds terminal escapes: the one-line
     error names it with the controls replaced (they retitled and cleared the terminal)."""

@@ -254,7 +254,7 @@ def _bad(tmp_path: Path, make_folder, case: str):
         return folder, kwargs, ConfigError, "config.json is not usable JSON"
     if case == "NaN in config":
         (folder / "config.json").write_text('{"model_type": "llama", "rms_norm_eps": NaN}')
-        return folder, kwargs, ConfigError, "holds NaN, not a number"
+        return folder, kwargs, ConfigError, "config.json is not usable: it holds NaN, not a number"
     if case == "number past a float in config":
         (folder / "config.json").write_text('{"model_type": "llama", "rope_theta": 1e999}')
         return folder, kwargs, ConfigError, "beyond a float's range"

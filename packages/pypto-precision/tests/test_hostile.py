@@ -64,8 +64,13 @@ def _one_line(err: BadDumpError) -> str:
         (lambda d: d["entries"][0].update(stats={"__class__": 1}), "stats must hold only"),
         (lambda d: d["entries"][0].update(evil=1), "not an entry object"),
         (lambda d: d["entries"][0].update(name=""), "name"),
-        (lambda d: d["entries"][0].update(name="a\x1b]0;PWNED\x07"), "control or bidi"),
-        (lambda d: d["entries"][0].update(name="a\u202eevil"), "control or bidi"),
+        (lambda d: d["entries"][0].update(name="a\x1b]0;PWNED\x07"), "control, bidi or invisible"),
+        (lambda d: d["entries"][0].update(name="a\u202eevil"), "control, bidi or invisible"),
+        # a zero-width space made two module names look the same (issue #43 second pass, L4)
+        (
+            lambda d: d["entries"][0].update(name="model.layers\u200b.1"),
+            "control, bidi or invisible",
+        ),
         (lambda d: d["entries"][0].update(cls="os.system"), "class name"),
         (lambda d: d["entries"].append(dict(d["entries"][0])), "share one name"),
         (lambda d: d.update(entries={"a": 1}), "entries must be a list"),

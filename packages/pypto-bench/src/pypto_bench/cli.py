@@ -12,11 +12,11 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 from typing import Any, NoReturn
 
 from pypto_common import add_verbosity_flags, cli_logging, redact, redact_obj
+from pypto_common.visible import visible
 
 from .args import FLAG_FOR, add_bench_arguments
 from .errors import EXIT, BenchError, HistoryError
@@ -121,11 +121,10 @@ def _parser() -> argparse.ArgumentParser:
 #: C0 / C1 controls (a newline too: an error is one line) and Unicode bidi controls: an
 #: error quotes strangers' text (a history's schema, a link's target, SQLite's message), and
 #: an escape sequence printed raw retitles or clears the user's terminal.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _err(msg: str) -> None:
-    print(f"pypto-bench: error: {_UNSAFE.sub(chr(0xFFFD), redact(msg))}", file=sys.stderr)
+    print(f"pypto-bench: error: {visible(redact(msg))}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

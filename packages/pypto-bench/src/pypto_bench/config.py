@@ -523,7 +523,7 @@ def parse_endpoint(text: str) -> tuple[str, int]:
         host, sep, port = t.rpartition(":")
         if not sep or not host or "[" in host or "]" in host:
             raise bad
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise bad
     return check_host(host, "--rdzv-endpoint host", fix), int(port)
 

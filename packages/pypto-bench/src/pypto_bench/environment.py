@@ -88,7 +88,7 @@ def open_device(spec: str | int | None) -> Any:
 
 def _spec_may_be_npu(spec: str | int | None) -> bool:
     text = "auto" if spec is None else str(spec).strip().lower()
-    return text == "auto" or text.isdigit() or text.startswith("npu")
+    return text == "auto" or (text.isascii() and text.isdigit()) or text.startswith("npu")
 
 
 def torch_npu_installed() -> bool:

@@ -462,6 +462,22 @@ def record(path: str | os.PathLike[str], report: Report | dict[str, Any]) -> int
     written) when ``path`` is not a usable history file.
     """
     data = report.to_dict() if isinstance(report, Report) else report
+    try:
+        return _record(path, data)
+    except HistoryError:
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError, OverflowError) as err:
+        # A report file is written by whoever handed it over (``history add``): a value of
+        # the wrong kind anywhere (a model that is text, an arm that is a number, a batch
+        # past int64, a NaN) is one line, and the transaction was rolled back.
+        why = " ".join(f"{type(err).__name__}: {err}".split())[:160]
+        raise HistoryError(
+            f"the report does not hold what a history row stores ({why}), nothing was "
+            "recorded: pass the report.json of a pypto-bench run, unedited"
+        ) from None
+
+
+def _record(path: str | os.PathLike[str], data: dict[str, Any]) -> int:
     text = json.dumps(data, sort_keys=True, allow_nan=False)
     if len(text) > MAX_ROW_BYTES:
         raise HistoryError(
@@ -690,7 +706,11 @@ def check(
             if newest[f"{col}_median"] is None or len(meds) < min_runs:
                 continue
             base, band = _band(meds, tolerance)
-            low, high = newest[f"{col}_low"], newest[f"{col}_high"]
+            # A row without its interval (a file another tool wrote, or edited) is judged on
+            # its median alone: a point interval, never a TypeError.
+            median = newest[f"{col}_median"]
+            low = median if newest[f"{col}_low"] is None else newest[f"{col}_low"]
+            high = median if newest[f"{col}_high"] is None else newest[f"{col}_high"]
             m_verdict = (
                 "regression"
                 if high < base - band
@@ -704,7 +724,7 @@ def check(
                     "verdict": m_verdict,
                     "baseline": base,
                     "band": band,
-                    "newest": {"median": newest[f"{col}_median"], "low": low, "high": high},
+                    "newest": {"median": median, "low": low, "high": high},
                 }
             )
             if m_verdict == "regression":

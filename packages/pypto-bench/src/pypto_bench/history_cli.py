@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import Any
 
 from pypto_common import add_verbosity_flags, redact
+from pypto_common.visible import visible
 
 from .errors import EXIT
 
@@ -62,7 +62,6 @@ def add_history_parser(sub: Any) -> None:
 
 #: Control characters (C0, C1) and Unicode bidi controls: a history row is a stranger's
 #: text, and an escape sequence printed raw retitles or clears the user's terminal.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: The most characters one stored value prints (a 20 MB arm name printed 42 MB).
 _MAX_CELL = 200
 
@@ -85,7 +84,7 @@ def _run_id(text: str) -> int:
 
 def _t(value: Any, limit: int = _MAX_CELL) -> str:
     """Stored text made safe for a terminal: controls replaced, clipped with its length."""
-    text = _UNSAFE.sub("\ufffd", str(value))
+    text = visible(str(value))
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 

@@ -423,7 +423,7 @@ def read_rss() -> tuple[int | None, int | None]:
             key, _, rest = line.partition(":")
             if key in ("VmHWM", "VmRSS"):
                 parts = rest.split()
-                if parts and parts[0].isdigit():
+                if parts and parts[0].isascii() and parts[0].isdigit():
                     values[key] = int(parts[0]) * 1024  # the kernel writes kB
     return values.get("VmHWM"), values.get("VmRSS")
 

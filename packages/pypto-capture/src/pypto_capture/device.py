@@ -82,7 +82,9 @@ def resolve_device(spec: str | int | torch.device | None = "auto") -> torch.devi
         spec = str(spec)
     if spec is None:
         spec = "auto"
-    if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
+    if isinstance(spec, int) or (
+        isinstance(spec, str) and spec.strip().isascii() and spec.strip().isdigit()
+    ):
         index = int(spec)
         if npu_available():
             return _check_index("npu", index)
@@ -103,7 +105,7 @@ def resolve_device(spec: str | int | torch.device | None = "auto") -> torch.devi
     if text == "cpu":
         return torch.device("cpu")
     kind, _, idx = text.partition(":")
-    if kind not in ("cuda", "npu") or (idx and not idx.isdigit()):
+    if kind not in ("cuda", "npu") or (idx and not (idx.isascii() and idx.isdigit())):
         raise InvalidDeviceSpecError(
             f"unknown device {spec!r}; use 'auto', 'cpu', a card number, 'cuda:N' or 'npu:N'"
         )

@@ -255,7 +255,7 @@ def build_graph(
 
     def handle(item: tuple[str, list[str]]) -> int:
         tail = item[0].rsplit(":", 1)
-        return int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else 0
+        return int(tail[1]) if len(tail) == 2 and tail[1].isascii() and tail[1].isdigit() else 0
 
     kernels: list[KernelSource] = []
     classes: dict[str, str] = {}

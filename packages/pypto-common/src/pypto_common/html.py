@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from .visible import INVISIBLE_EXCEPT_WHITESPACE
+
 __all__ = [
     "CSP",
     "MAX_TEXT",
@@ -54,11 +56,6 @@ log = logging.getLogger(__name__)
 #: how long they were (a 5000-character "model name" must not push the page apart).
 MAX_TEXT = 1000
 
-# C0 and C1 controls, and the Unicode bidi controls (embeddings, overrides, isolates, marks):
-# a right-to-left override in a model path reordered what a page showed (display spoofing).
-_CONTROL = re.compile(
-    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
-)
 _NUMERIC = re.compile(r"^[-+]?\d[\d,]*(\.\d+)?(e[-+]?\d+)?( \[[^\]]*\])?( ?[x%])?$")
 
 
@@ -84,7 +81,7 @@ def esc(value: Any, limit: int = MAX_TEXT) -> Raw:
     text = "-" if value is None else str(value)
     if len(text) > limit:
         text = f"{text[: max(limit - 1, 1)]}… ({len(text)} characters)"
-    return Raw(_stdlib_html.escape(_CONTROL.sub("\ufffd", text), quote=True))
+    return Raw(_stdlib_html.escape(INVISIBLE_EXCEPT_WHITESPACE.sub("\ufffd", text), quote=True))
 
 
 def join(parts: Iterable[Any], sep: str = "") -> Raw:

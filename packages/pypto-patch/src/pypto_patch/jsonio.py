@@ -64,7 +64,9 @@ def loads_limited(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
 def _not_a_number(name: str) -> float:
     # Python's json reads NaN / Infinity; a config holding them (rms_norm_eps: NaN) made a
     # model whose every arm "matched" on the argmax of NaN logits.
-    raise JSONUnusable(f"holds {name}, not a number: a model config's numbers must be finite")
+    raise JSONUnusable(
+        f"not usable: it holds {name}, not a number (a model config's numbers must be finite)"
+    )
 
 
 def _finite_float(text: str) -> float:

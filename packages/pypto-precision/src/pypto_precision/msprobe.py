@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from pypto_common import UntrustedFileError, atomic_write_text, loads_bounded, read_regular_file
+from pypto_common.visible import has_invisible
 
 from .dump import Entry
 from .errors import BadDumpError, PrecisionError
@@ -37,8 +38,7 @@ __all__ = ["MSPROBE", "find_msprobe_dump", "read_msprobe", "write_msprobe"]
 MSPROBE = "msprobe"
 _MAX_TENSOR_FILE = 8 << 30
 _KEY = re.compile(
-    # No control or bidi character in a name (they retitled the terminal and spoofed pages).
-    r"Module\.(?P<name>[^\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+)"
+    r"Module\.(?P<name>.+)"
     r"\.(?P<cls>[A-Za-z_][A-Za-z0-9_]*)\.forward\.(?P<call>\d{1,9})"
 )
 _DATA_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,512}\.pt")
@@ -132,6 +132,10 @@ def read_msprobe(folder: Path) -> Dump:
     skipped = 0
     for key, record in records.items():
         m = _KEY.fullmatch(str(key))
+        if m is not None and has_invisible(m["name"]):
+            # No control, bidi or invisible character in a name: they retitled the
+            # terminal, spoofed pages and made two names look the same.
+            m = None
         if m is None or not isinstance(record, dict):
             skipped += 1  # API-level (L1) records and anything else: not aligned with modules
             continue

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pypto_common import UntrustedFileError, loads_bounded, read_regular_file
+from pypto_common.visible import has_invisible
 
 from .dump import FORMAT, INDEX, MODES, VERSION, Entry
 from .errors import BadDumpError
@@ -29,7 +30,6 @@ MAX_INDEX_BYTES = 512 << 20
 MAX_ENTRIES = 2_000_000
 _MAX_NAME = 1024
 #: Control (C0, C1) and Unicode bidi characters: no module name holds them.
-_UNSAFE_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _MAX_DIMS = 16
 _MAX_DIM = 1 << 48
 _SHARD = re.compile(r"tensors-\d{5}\.safetensors")
@@ -130,10 +130,10 @@ def _entry(folder: Path, raw: Any, position: int, n: int) -> Entry:
     name = raw.get("name")
     if not isinstance(name, str) or not 0 < len(name) <= _MAX_NAME:
         raise _fail(folder, f"entry {position}'s name must be text of 1..{_MAX_NAME} characters")
-    if _UNSAFE_NAME.search(name):
+    if has_invisible(name):
         # A module name is printed on the terminal and drawn in the pages: an escape
         # sequence or a bidi override in it retitled the terminal and spoofed the page.
-        raise _fail(folder, f"entry {position}'s name holds control or bidi characters")
+        raise _fail(folder, f"entry {position}'s name holds control, bidi or invisible characters")
     if raw.get("io") not in ("input", "output"):
         raise _fail(folder, f"entry {position}'s io must be input or output")
     shape = raw.get("shape")

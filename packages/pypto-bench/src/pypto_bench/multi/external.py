@@ -63,7 +63,11 @@ def _int(env: dict[str, str], name: str, launcher: str) -> int:
             "launcher unchanged"
         ) from None
     if value < 0:
-        raise BadInputError(f"{launcher} set {name}={value}: a rank count is never negative")
+        what = "a port" if name.endswith("PORT") else "a rank or rank count"
+        raise BadInputError(
+            f"{launcher} set {name}={value}: {what} is never negative; start pypto-bench from "
+            "the launcher unchanged"
+        )
     return value
 
 

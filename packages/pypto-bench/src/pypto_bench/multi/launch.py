@@ -237,7 +237,7 @@ def write_node_figures(folder: Path, config: BenchConfig) -> Path | None:
     ranks = []
     for path in sorted(folder.glob("rank*.figures.json")):
         rank = path.name[len("rank") : -len(".figures.json")]
-        if rank.isdigit():
+        if rank.isascii() and rank.isdigit():
             ranks.append({"rank": int(rank), "arms": json.loads(path.read_text())})
     doc = {
         "kind": "pypto-bench node figures",

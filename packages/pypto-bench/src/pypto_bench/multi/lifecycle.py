@@ -125,7 +125,7 @@ def group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
     """(pid, stat fields) of every process of group ``pgid`` (Linux ``/proc``; none elsewhere)."""
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
+            if not (entry.name.isascii() and entry.name.isdigit()):
                 continue
             rest = proc_stat(entry.name)
             with contextlib.suppress(IndexError, ValueError):

@@ -152,7 +152,9 @@ def _check_hccl(interfaces: dict[str, str | None]) -> None:
             )
     base = os.environ.get("HCCL_IF_BASE_PORT")
     if base is not None and not (
-        base.strip().isdigit() and 1024 <= int(base) <= 65535 - _PORT_SPAN
+        base.strip().isascii()
+        and base.strip().isdigit()
+        and 1024 <= int(base) <= 65535 - _PORT_SPAN
     ):
         raise BadInputError(
             f"HCCL_IF_BASE_PORT={base[:20]!r}: use a port from 1024 to {65535 - _PORT_SPAN} "

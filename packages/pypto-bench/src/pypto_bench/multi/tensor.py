@@ -150,7 +150,7 @@ def parse_plan(plan: Mapping[str, str]) -> list[Rule]:
 def _sizes(args: tuple[str, ...], config: Any) -> list[int]:
     out = []
     for a in args or ("1", "1"):
-        value = int(a) if a.isdigit() else getattr(config, a, None)
+        value = int(a) if a.isascii() and a.isdigit() else getattr(config, a, None)
         if not isinstance(value, int) or value <= 0:
             raise NoTensorParallelPlanError(
                 f"packed_colwise part {a!r} is not a positive integer or config attribute: "
