@@ -92,12 +92,15 @@ def _reset_peak() -> None:
 
 
 def slow_reason(item: pytest.Item) -> str | None:
-    """The reason of the item's ``slow`` mark, or None when it has none (or no mark)."""
-    mark = item.get_closest_marker("slow")
-    if mark is None:
-        return None
-    reason = str(mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")).strip()
-    return reason or None
+    """The reason of the item's ``slow`` mark, or None when it has none (or no mark).
+
+    Every ``slow`` mark is read, not only the closest: a bare ``slow`` on a parametrized
+    function is closer than the ``slow(reason=...)`` one of its ``pytest.param`` cases."""
+    for mark in item.iter_markers("slow"):
+        reason = str(mark.kwargs.get("reason") or (mark.args[0] if mark.args else "")).strip()
+        if reason:
+            return reason
+    return None
 
 
 def _give_back_memory() -> None:

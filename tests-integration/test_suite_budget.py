@@ -47,6 +47,14 @@ TESTS = textwrap.dedent(
 
     def test_fixture_over_budget(slow_fixture):
         pass
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize(
+        "case",
+        [pytest.param("heavy", marks=pytest.mark.slow(reason="one case compiles more")), "light"],
+    )
+    def test_param(case):
+        time.sleep(1.2)
     """
 )
 
@@ -93,6 +101,9 @@ def test_a_phase_over_the_budget_fails_unless_slow_with_a_reason(tmp_path):
     assert got["test_slow_without_reason"] == "FAILED"
     # a fixture's setup over the budget is the test's setup: an error, named as setup
     assert got["test_fixture_over_budget"] == "ERROR"
+    # a case's slow(reason=...) counts under the function's bare slow mark, the others' not
+    assert got["test_param[heavy]"] == "PASSED"
+    assert got["test_param[light]"] == "FAILED"
     assert "its call took" in done.stdout
     assert "its setup took" in done.stdout
     assert "over the suite's budget of 0.6 s for it" in done.stdout

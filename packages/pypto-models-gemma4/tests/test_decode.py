@@ -91,9 +91,18 @@ CASES = {
 }
 
 
+_E2B_SLOW = pytest.mark.slow(
+    reason="the per-layer-embedding / KV-sharing variant's step compiled at batch 2 and two "
+    "44-token prompts against native generate: 87.5 s beside a second worker in the "
+    "2026-12-04 run, 96.9 s beside another test run"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=_E2B_SLOW) if c.startswith("e2b") else c for c in CASES]
+)
 def test_graph_decode_equals_native_generate(case, request):
     fixture, batch = CASES[case]
     folder = request.getfixturevalue(fixture)
