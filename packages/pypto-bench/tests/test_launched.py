@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import select
 import sys
 import time
 from pathlib import Path
@@ -642,6 +643,48 @@ def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path) -> None:
         finally:
             _reap([proc])
     assert proc.returncode != 0
+
+
+_SILENT_PEER = """
+import sys, time, datetime
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=1,
+                        world_size=2, timeout=datetime.timedelta(seconds=300))
+print("joined", flush=True)
+time.sleep(300)
+"""
+
+
+def test_sigterm_ends_a_rank_waiting_for_a_peer_after_the_rendezvous(tiny: Path) -> None:
+    """Issue #43 second pass, M1: a peer that joined the process group and then never took
+    part in the check against rank 0 held the rank in the all-gather, SIGTERM ignored until
+    the collective's --rank-timeout ran out."""
+    port = free_port()
+    rank0 = subprocess.Popen(
+        [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
+         "--rank-timeout", "300"],
+        env=_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    peer = subprocess.Popen(
+        [sys.executable, "-c", _SILENT_PEER, str(port)], env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert peer.stdout is not None
+        ready, _, _ = select.select([peer.stdout], [], [], 120)  # a bounded wait
+        assert ready, "the peer never joined rank 0's process group"
+        assert peer.stdout.readline().strip() == "joined"  # rank 0 is past its rendezvous
+        time.sleep(3)  # and inside the all-gather of the peer check
+        assert rank0.poll() is None
+        sent = time.monotonic()
+        rank0.send_signal(signal.SIGTERM)
+        rank0.wait(timeout=30)
+        assert time.monotonic() - sent < 10
+    finally:
+        _reap([rank0, peer])
+    assert rank0.returncode != 0
 
 
 def test_rdzv_endpoints_parse_or_are_refused_in_one_line() -> None:

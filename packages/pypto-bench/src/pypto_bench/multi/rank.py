@@ -237,18 +237,33 @@ def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float)
         os.write(stderr[0], f"pypto-bench: error: {err}\n".encode(errors="replace"))
         os._exit(EXIT.RANK_FAILED)
 
+    with _sigterm_ends_it(), _store_chatter_held() as real:
+        stderr[0] = real
+        threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
+        try:
+            dist.init_process_group(**kwargs)
+        finally:
+            done.set()
+
+
+@contextlib.contextmanager
+def _sigterm_ends_it() -> Iterator[None]:
+    """Within the block, SIGTERM keeps its default action: it ends the process at once.
+
+    Why: the block is one C++ wait (the store handshake, the peers' all-gather) during
+    which a SIGTERM handler written in Python cannot run, so the rank sat out the whole
+    ``--rank-timeout`` (issue #43, M1: SIGTERM during the post-rendezvous check waited for
+    the collective's timeout). Nothing of the run has started in these blocks: nothing to
+    clean up that the default action would skip.
+    """
+    import threading
+
     main = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if main else None
     if main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        with _store_chatter_held() as real:
-            stderr[0] = real
-            threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
-            try:
-                dist.init_process_group(**kwargs)
-            finally:
-                done.set()
+        yield
     finally:
         if main and previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -303,7 +318,8 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
             raise unreachable_error(launch, err, wait_s) from err
         try:
             try:
-                peers = check_peers(spec["identity"], launch)
+                with _sigterm_ends_it():
+                    peers = check_peers(spec["identity"], launch)
             except RuntimeError as err:  # a peer that never answered (gloo's timeout)
                 raise RankFailedError(
                     f"rank {rank}: the peers did not all answer the check against rank 0 "
