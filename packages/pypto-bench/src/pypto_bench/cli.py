@@ -375,7 +375,8 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
 
 def _record_history(config: Any, args: argparse.Namespace, report: Any, code: int) -> int:
     """Record the run; a history that fails now (locked past the busy timeout, made
-    read-only during the run) keeps the report and says how to add it later (exit 1)."""
+    read-only during the run) keeps the report and says how to add it later
+    (``NOT_RECORDED``, 111: a script tells this from a failed run)."""
     from .history import record
 
     try:
@@ -384,12 +385,12 @@ def _record_history(config: Any, args: argparse.Namespace, report: Any, code: in
         kept = report.written_to
         if kept is None:
             _err(f"{err}; this run had no --report-file to keep it: pass one next time")
-            return EXIT.FAILED
+            return EXIT.NOT_RECORDED
         _err(
             f"{err}; the run is kept in {kept}: add it later with `pypto-bench history add "
             f"{kept} --db {config.history}`"
         )
-        return EXIT.FAILED
+        return EXIT.NOT_RECORDED
     if not args.quiet:
         print(f"recorded as run {run_id} in history {config.history}", file=sys.stderr)
     return code

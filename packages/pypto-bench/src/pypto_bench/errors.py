@@ -79,6 +79,13 @@ EXIT = ExitCodeTable(
             "dtype's allowance: it computes something else); it is marked 'numerics: fail' and "
             "its ratios 'not comparable'; --allow-inaccurate exits 0 instead",
         ),
+        (
+            111,
+            "NOT_RECORDED",
+            "run --history: the run finished and its report was written, but the history "
+            "could not record it (locked by another writer, made read-only during the run); "
+            "the error gives the `history add` command that records it later",
+        ),
     ],
 )
 

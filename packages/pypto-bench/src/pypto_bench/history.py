@@ -212,6 +212,20 @@ def _fix(path: Path) -> str:
     return f"pass --history/--db a pypto-bench history file or a new path (not {path})"
 
 
+def _write_fix(path: Path, err: sqlite3.DatabaseError) -> str:
+    """The fix for a write that failed: a lock or a read-only file is not a reason to give
+    the history up (its runs are intact), so only a damaged file gets :func:`_fix`."""
+    text = str(err).lower()
+    if "locked" in text or "busy" in text:
+        return (
+            f"another process held it locked past the {BUSY_TIMEOUT_S:g} s busy timeout; "
+            "let that writer finish (its runs and this file are intact)"
+        )
+    if "readonly" in text or "read-only" in text:
+        return "it is read-only: make it (and its folder) writable"
+    return _fix(path)
+
+
 def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = True) -> Path:
     """Refuse what is not a usable history file at ``path``; return it (not resolved).
 
@@ -576,7 +590,7 @@ def _record(path: str | os.PathLike[str], data: dict[str, Any]) -> int:
             except sqlite3.OperationalError as err:  # busy: the next writer sets it
                 log.debug("history %s stays in rollback-journal mode for now: %s", p, err)
     except sqlite3.DatabaseError as err:
-        raise HistoryError(f"history {p} could not be written ({err}): {_fix(p)}") from None
+        raise HistoryError(f"history {p} could not be written ({err}): {_write_fix(p, err)}") from None
     log.info("recorded run %d in history %s", run_id, p)
     return run_id
 
