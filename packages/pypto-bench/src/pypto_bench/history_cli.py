@@ -16,7 +16,10 @@ from pypto_common.visible import visible
 
 from .errors import EXIT
 
-__all__ = ["add_history_parser", "run_history"]
+__all__ = ["LIST_LAST", "add_history_parser", "run_history"]
+
+#: How many of the newest runs ``history list`` shows unless ``--last`` says otherwise.
+LIST_LAST = 100
 
 
 def add_history_parser(sub: Any) -> None:
@@ -31,8 +34,15 @@ def add_history_parser(sub: Any) -> None:
         a.add_argument("--db", required=True, metavar="DB", help="the history file")
         return a
 
-    ls = action("list", "every recorded run (oldest first)")
+    ls = action("list", f"the newest {LIST_LAST} recorded runs (oldest first; --last N)")
     ls.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    ls.add_argument(
+        "--last",
+        type=_count,
+        default=LIST_LAST,
+        metavar="N",
+        help=f"list the newest N runs (default {LIST_LAST}; 0 lists every run)",
+    )
     sh = action("show", "one run: fingerprint, arms, the stored report")
     sh.add_argument("run_id", type=_run_id, metavar="ID")
     sh.add_argument("--json", action="store_true", help="one JSON document on stdout")
@@ -64,6 +74,17 @@ def add_history_parser(sub: Any) -> None:
 #: text, and an escape sequence printed raw retitles or clears the user's terminal.
 #: The most characters one stored value prints (a 20 MB arm name printed 42 MB).
 _MAX_CELL = 200
+
+
+def _count(text: str) -> int:
+    """``--last N``: 0 (every run) .. 2**31."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--last must be a whole number, got {text[:40]!r}") from None
+    if not 0 <= value <= 2**31:
+        raise argparse.ArgumentTypeError(f"--last must be 0 (every run) .. 2**31, got {text[:40]}")
+    return value
 
 
 def _run_id(text: str) -> int:
@@ -108,7 +129,14 @@ def run_history(args: argparse.Namespace) -> int:
         print(f"recorded {args.report} as run {run_id} in history {args.db}", file=sys.stderr)
         return EXIT.OK
     if args.history_command == "list":
-        runs = history.list_runs(args.db)
+        runs = history.list_runs(args.db, last=args.last or None)
+        if args.last and len(runs) == args.last:
+            total = history.count_runs(args.db)
+            if total > len(runs):
+                print(
+                    f"the newest {len(runs)} of {total} runs; --last 0 lists every run",
+                    file=sys.stderr,
+                )
         if args.json:
             print(json.dumps(runs))
             return EXIT.OK
