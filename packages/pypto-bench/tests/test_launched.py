@@ -8,10 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
-import select
 import sys
 import time
 from pathlib import Path
@@ -610,14 +610,17 @@ def _silent_env(port: int) -> dict[str, str]:
                 MASTER_PORT=str(port))  # fmt: skip
 
 
-def test_a_rendezvous_that_never_answers_ends_within_the_timeout(tiny: Path) -> None:
+def test_a_rendezvous_that_never_answers_ends_within_the_timeout(
+    tiny: Path, tmp_path: Path
+) -> None:
     """A silent service at MASTER_ADDR:MASTER_PORT held the store handshake forever."""
     with _silent_server() as port:
         started = time.monotonic()
         got = subprocess.run(
             [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
              "--rank-timeout", "3"],
-            env=_silent_env(port), capture_output=True, text=True, timeout=120, check=False,
+            env={**_silent_env(port), "TMPDIR": str(tmp_path)},
+            capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         took = time.monotonic() - started
     assert got.returncode == EXIT.RANK_FAILED, got.stderr[-2000:]
@@ -626,14 +629,16 @@ def test_a_rendezvous_that_never_answers_ends_within_the_timeout(tiny: Path) -> 
     assert len(lines) == 1
     assert f"127.0.0.1:{port}" in lines[0]
     assert "within 3 s" in lines[0]
+    assert not list(tmp_path.glob("pypto-launched-*"))  # L5: the watchdog's exit left it
 
 
-def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path) -> None:
+def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path, tmp_path: Path) -> None:
     with _silent_server() as port:
         proc = subprocess.Popen(
             [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
              "--rank-timeout", "120"],
-            env=_silent_env(port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**_silent_env(port), "TMPDIR": str(tmp_path)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
             time.sleep(6)  # imported, config read, waiting in the store handshake
@@ -642,7 +647,8 @@ def test_sigterm_ends_a_rank_waiting_at_the_rendezvous(tiny: Path) -> None:
             proc.wait(timeout=20)
         finally:
             _reap([proc])
-    assert proc.returncode != 0
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not list(tmp_path.glob("pypto-launched-*"))  # L5
 
 
 _SILENT_PEER = """
@@ -655,16 +661,18 @@ time.sleep(300)
 """
 
 
-def test_sigterm_ends_a_rank_waiting_for_a_peer_after_the_rendezvous(tiny: Path) -> None:
+def test_sigterm_ends_a_rank_waiting_for_a_peer_after_the_rendezvous(
+    tiny: Path, tmp_path: Path
+) -> None:
     """Issue #43 second pass, M1: a peer that joined the process group and then never took
     part in the check against rank 0 held the rank in the all-gather, SIGTERM ignored until
-    the collective's --rank-timeout ran out."""
+    the collective's --rank-timeout ran out. L5: its temporary folder stays behind no more."""
     port = free_port()
     rank0 = subprocess.Popen(
         [PYPTO_BENCH, *RUN, "--model-path", str(tiny), "--regime", "prefill",
          "--rank-timeout", "300"],
         env=_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                 MASTER_PORT=str(port)),
+                 MASTER_PORT=str(port), TMPDIR=str(tmp_path)),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     peer = subprocess.Popen(
@@ -684,7 +692,8 @@ def test_sigterm_ends_a_rank_waiting_for_a_peer_after_the_rendezvous(tiny: Path)
         assert time.monotonic() - sent < 10
     finally:
         _reap([rank0, peer])
-    assert rank0.returncode != 0
+    assert rank0.returncode == 128 + signal.SIGTERM
+    assert not list(tmp_path.glob("pypto-launched-*"))
 
 
 def test_rdzv_endpoints_parse_or_are_refused_in_one_line() -> None:

@@ -591,7 +591,9 @@ def _record(path: str | os.PathLike[str], data: dict[str, Any]) -> int:
             except sqlite3.OperationalError as err:  # busy: the next writer sets it
                 log.debug("history %s stays in rollback-journal mode for now: %s", p, err)
     except sqlite3.DatabaseError as err:
-        raise HistoryError(f"history {p} could not be written ({err}): {_write_fix(p, err)}") from None
+        raise HistoryError(
+            f"history {p} could not be written ({err}): {_write_fix(p, err)}"
+        ) from None
     log.info("recorded run %d in history %s", run_id, p)
     return run_id
 

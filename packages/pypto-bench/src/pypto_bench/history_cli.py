@@ -81,7 +81,9 @@ def _count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--last must be a whole number, got {text[:40]!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--last must be a whole number, got {text[:40]!r}"
+        ) from None
     if not 0 <= value <= 2**31:
         raise argparse.ArgumentTypeError(f"--last must be 0 (every run) .. 2**31, got {text[:40]}")
     return value

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -30,7 +31,13 @@ from ..errors import EnvironmentMissingError, RankFailedError
 from .aggregate import build_report
 from .arms import Measured, graph_backend_for, make_ctx, measure_arms, measure_baseline
 from .fit import baseline_skip_reason, out_of_memory, release_memory
-from .lifecycle import EXIT_ORPHANED, group_load_sampler, set_parent_death_signal, watch_parent
+from .lifecycle import (
+    EXIT_ORPHANED,
+    TERMINATED_EXIT,
+    group_load_sampler,
+    set_parent_death_signal,
+    watch_parent,
+)
 from .tensor import load_sharded
 
 if TYPE_CHECKING:
@@ -211,7 +218,9 @@ def _store_chatter_held() -> Iterator[int]:
 _WATCHDOG_GRACE_S = 5.0
 
 
-def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float) -> None:
+def _init_bounded(
+    dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float, state_dir: str
+) -> None:
     """``init_process_group`` for a rank the user's launcher started, bounded in time and
     ended by SIGTERM at any point.
 
@@ -219,8 +228,9 @@ def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float)
     plain HTTP server, a stopped rank 0) held torch's store handshake forever: no
     ``--rank-timeout``, and a SIGTERM handler written in Python cannot run while the
     interpreter waits inside that C++ call. A watchdog thread ends the process with the
-    rendezvous line and exit 48 past the timeout (nothing of this rank has started yet:
-    nothing to clean up), and SIGTERM keeps its default action for the call.
+    rendezvous line and exit 48 past the timeout (nothing of this rank has started yet
+    but its temporary folder, removed first), and SIGTERM ends it at once
+    (:func:`_sigterm_ends_it`).
     """
     import threading
 
@@ -235,9 +245,10 @@ def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float)
             return
         err = unreachable_error(launch, TimeoutError("the endpoint did not answer"), wait_s)
         os.write(stderr[0], f"pypto-bench: error: {err}\n".encode(errors="replace"))
+        shutil.rmtree(state_dir, ignore_errors=True)  # nothing of this rank stays in /tmp
         os._exit(EXIT.RANK_FAILED)
 
-    with _sigterm_ends_it(), _store_chatter_held() as real:
+    with _sigterm_ends_it(state_dir), _store_chatter_held() as real:
         stderr[0] = real
         threading.Thread(target=watchdog, name="rendezvous-watchdog", daemon=True).start()
         try:
@@ -247,26 +258,54 @@ def _init_bounded(dist: Any, kwargs: dict[str, Any], launch: Any, wait_s: float)
 
 
 @contextlib.contextmanager
-def _sigterm_ends_it() -> Iterator[None]:
-    """Within the block, SIGTERM keeps its default action: it ends the process at once.
+def _sigterm_ends_it(state_dir: str | None = None) -> Iterator[None]:
+    """Within the block, SIGTERM ends the process at once (exit 143), removing
+    ``state_dir`` first.
 
     Why: the block is one C++ wait (the store handshake, the peers' all-gather) during
     which a SIGTERM handler written in Python cannot run, so the rank sat out the whole
-    ``--rank-timeout`` (issue #43, M1: SIGTERM during the post-rendezvous check waited for
-    the collective's timeout). Nothing of the run has started in these blocks: nothing to
-    clean up that the default action would skip.
+    ``--rank-timeout`` (issue #43, M1). Python's C-level handler still writes the signal
+    number to the wakeup fd the moment it arrives; a thread reading that fd removes the
+    rank's temporary folder (it was left behind in /tmp, L5) and ends the process. Nothing
+    else of the run has started in these blocks: nothing more to clean up.
     """
     import threading
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    if main:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals are the main thread's: nothing to arrange
+        return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def watch() -> None:
+        while True:
+            try:
+                got = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not got:
+                return  # the block ended: the write end was closed
+            if int(signal.SIGTERM) in got:
+                if state_dir is not None:
+                    shutil.rmtree(state_dir, ignore_errors=True)
+                os._exit(TERMINATED_EXIT)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_IGN:  # nohup and the like: keep it
+        yield
+        return
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the C handler wakes the thread
+    old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=watch, name="sigterm-watch", daemon=True)
+    watcher.start()
     try:
         yield
     finally:
-        if main and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(old_fd, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        os.close(write_fd)
+        watcher.join(timeout=5)
+        os.close(read_fd)
 
 
 def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = None) -> None:
@@ -313,12 +352,12 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
         from .peers import check_peers, unreachable_error
 
         try:
-            _init_bounded(dist, kwargs, launch, wait_s)
+            _init_bounded(dist, kwargs, launch, wait_s, spec["state_dir"])
         except Exception as err:  # the store's connect timeout, refused connections
             raise unreachable_error(launch, err, wait_s) from err
         try:
             try:
-                with _sigterm_ends_it():
+                with _sigterm_ends_it(spec["state_dir"]):
                     peers = check_peers(spec["identity"], launch)
             except RuntimeError as err:  # a peer that never answered (gloo's timeout)
                 raise RankFailedError(
