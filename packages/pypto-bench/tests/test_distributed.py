@@ -65,6 +65,47 @@ def test_prefill_logits_equal_single_process(llama_run, tiny_llama):
     assert agreement["ok"]
     assert agreement["max_abs_diff"] < 1e-4
     assert report.arms[0].token_match["rate"] == 1.0
+    # the numerical gate: every prompt position's logits against the 1-rank run's
+    num = report.arms[0].numerics
+    assert num["verdict"] == "pass", num
+    assert num["basis"] == "every prompt position's logits"
+    assert num["metrics"]["kl_max"] <= 1e-9
+
+
+def test_a_model_wrong_only_when_sharded_fails_the_gate(tiny_llama, tmp_path):
+    """Issue #42: accuracy that breaks "only with TP > 1". A tiny Llama whose layer-1 MLP is
+    1% off only when its weights are sharded (a mis-sharded layer's stand-in) ran --nproc 2
+    with exit 0 and tokens equal to the 1-rank run's; now the arm fails the numerical gate
+    against the 1-rank eager logits, its speedup is not comparable, and the run exits 110."""
+    import shutil
+    import subprocess
+
+    from pypto_testing.planted import plant_sharded_only_error
+
+    folder = tmp_path / "planted"
+    shutil.copytree(tiny_llama, folder)
+    plant_sharded_only_error(folder)
+    out = tmp_path / "r.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pypto_bench", "run", "--model-path", str(folder),
+         "--trust-remote-code", "--device", "cpu", "--nproc", "2", "--regime", "decode",
+         "--seq", "8", "--gen", "6", "--arms", "eager", "--warmup", "0", "--iters", "2",
+         "--ignore-eos", "--no-bandwidth", "--no-progress", "--report-file", str(out)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == EXIT.INACCURATE, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    num = data["arms"][0]["numerics"]
+    assert num["verdict"] == "fail"
+    assert num["metrics"]["kl_max"] > 1e-9
+    assert num["metrics"]["top1_agreement"] == 1.0  # the argmax survives: tokens cannot see it
+    assert data["distributed"]["agreement"]["ok"] is True  # ... and the token check passed
+    assert data["distributed"]["speedup"] is None
+    assert "numerics FAIL" in data["distributed"]["not_comparable"]
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("pypto-bench: error:")]
+    assert len(errors) == 1
+    assert "something else than the 1-rank eager run" in errors[0]
+    assert "speedup not comparable" in done.stderr
 
 
 def test_report_gathers_every_rank(llama_run):

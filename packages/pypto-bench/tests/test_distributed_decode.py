@@ -55,6 +55,23 @@ def test_decode_tokens_equal_single_process(decode_run, tiny_llama):
     assert report.distributed["aggregate_tokens_per_s"]["best"] > 0
 
 
+def test_every_sharded_arm_is_judged_against_the_1_rank_eager_logits(decode_run):
+    """Issue #42's gate across ranks: eager and graph, each teacher-forced with the 1-rank
+    run's tokens, within fp32's KL allowance of its logits (they compute the model)."""
+    from pypto_bench.multi.arms import TP_NUMERICS_BASIS
+
+    report, _ = decode_run
+    assert [a.name for a in report.arms] == ["eager", "graph"]
+    for arm in report.arms:
+        num = arm.numerics or {}
+        assert num.get("verdict") == "pass", (arm.name, num)
+        assert num["against"] == TP_NUMERICS_BASIS
+        assert num["metrics"]["kl_max"] <= 1e-9
+        assert num["metrics"]["top1_agreement"] == 1.0
+    assert report.numerics_failed == []
+    assert report.distributed["speedup"] is not None
+
+
 def test_graph_decode_tokens_equal_single_process(decode_run, tiny_llama):
     """The graph arm across ranks (it was refused): dynamo traces the sharded model's
     all-reduces into one graph; inductor runs it without freezing (which cannot fold the

@@ -104,6 +104,10 @@ def test_a_model_without_a_plan_runs_pipelined_and_agrees(tmp_path, capsys):
     assert dist["backend"] is None
     assert dist["agreement"]["ok"]
     assert dist["agreement"]["max_abs_diff"] < 1e-5
+    # the numerical gate: the placed arm's logits against the 1-device eager run's
+    num = data["arms"][0]["numerics"]
+    assert num["verdict"] == "pass", num
+    assert num["metrics"]["kl_max"] <= 1e-9
     assert dist["scaling_efficiency"] is None
     assert set(dist["device_map"]) >= {
         "transformer.h.0",

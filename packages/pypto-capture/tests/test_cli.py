@@ -269,6 +269,31 @@ def test_bisect_never_runs_a_folders_own_code(capsys, tmp_path):
 
 
 @needs_hf
+def test_bisect_of_a_pinned_folder_says_transformers_own_class_ran(capsys, tmp_path, llama):
+    """Issue #43 second pass, L10: a folder pinned to code (auto_map) of a type transformers
+    knows was bisected as transformers' own class without a word; the folder's code never
+    runs, and stderr now says which class fell back in its place."""
+    import shutil
+
+    folder = tmp_path / "pinned"
+    shutil.copytree(llama, folder)
+    marker = tmp_path / "the-folder-code-ran"
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_pin.PinnedForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "modeling_pin.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    code, out, err = _run(
+        capsys,
+        ["bisect", "--model-path", str(folder), "--backend", "eager", "--device", "cpu", "--json"],
+    )
+    assert code == EXIT.OK, err
+    assert json.loads(out)["failed_stage"] is None
+    assert "LlamaForCausalLM for model type 'llama' falls back in its place" in err
+    assert "pypto_capture.bisect_capture(model)" in err
+    assert not marker.exists()
+
+
+@needs_hf
 def test_bisect_of_a_folder_without_weights_is_a_load_failure(capsys, tmp_path, llama):
     folder = tmp_path / "noweights"
     folder.mkdir()

@@ -365,9 +365,10 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
         )
     elif wrong:
         _err(
-            f"numerics FAIL: {', '.join(wrong)} compute(s) something else than eager (the "
-            "report says by how much); their ratios are not comparable. Find where with "
-            "`pypto-precision check`; --allow-inaccurate exits 0"
+            f"numerics FAIL: {', '.join(wrong)} compute(s) something else than "
+            f"{'the 1-rank eager run' if report.distributed else 'eager'} (the report says by "
+            "how much); their ratios are not comparable. Find where with `pypto-precision "
+            "check`; --allow-inaccurate exits 0"
         )
         return EXIT.INACCURATE
     return code

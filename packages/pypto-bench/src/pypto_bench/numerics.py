@@ -40,11 +40,15 @@ __all__ = [
     "PASSAGE_NAME",
     "Gate",
     "Reference",
+    "arm_logits",
     "arm_numerics",
     "eager_reference",
     "half_floor",
+    "judge_arm",
     "passage_ids",
     "perplexity",
+    "precheck",
+    "teacher_forced_logits",
 ]
 
 log = logging.getLogger(__name__)
@@ -121,28 +125,38 @@ def eager_reference(ctx: Context) -> Reference | None:
     return Reference(ref.regime, dtype, ref.logits, ref.tokens, floor, full, note, ref.step_seconds)
 
 
+def teacher_forced_logits(ctx: Context, ref: Reference, model: Any = None) -> Any:
+    """The reference's logits recomputed by ``model`` (default: the context's), teacher-
+    forced: one forward over the prompt and the eager tokens (decode) or the prompt
+    (prefill), shaped as ``ref.logits``. A sharded model's logits come back whole."""
+    import torch
+
+    model = ctx.model if model is None else model
+    ids, mask = ctx.input_ids, ctx.attention_mask
+    n = 0
+    if ref.tokens is not None:
+        n = int((ref.tokens if ref.logits is None else ref.logits).shape[1])
+        fed = ref.tokens[:, : n - 1].to(ids.device)
+        ids = torch.cat([ids, fed], dim=1)
+        mask = torch.cat([mask, torch.ones_like(fed)], dim=1)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    logits = logits.full_tensor() if hasattr(logits, "full_tensor") else logits
+    if ref.tokens is not None:
+        p = int(ctx.input_ids.shape[1])
+        logits = logits[:, p - 1 : p - 1 + n]
+    return logits
+
+
 def _teacher_forced_float32(ctx: Context, ref: Reference) -> Any:
-    """The reference's logits recomputed by a float32 copy of the model, teacher-forced:
-    one forward over the prompt and the eager tokens (decode) or the prompt (prefill)."""
+    """:func:`teacher_forced_logits` of a float32 copy of the model (the floor's reference)."""
     import copy
 
     import torch
 
     model = copy.deepcopy(ctx.model).to(torch.float32)
     try:
-        ids, mask = ctx.input_ids, ctx.attention_mask
-        n = 0
-        if ref.tokens is not None:
-            n = int(ref.logits.shape[1])
-            fed = ref.tokens[:, : n - 1].to(ids.device)
-            ids = torch.cat([ids, fed], dim=1)
-            mask = torch.cat([mask, torch.ones_like(fed)], dim=1)
-        with torch.inference_mode():
-            logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        if ref.tokens is not None:
-            p = int(ctx.input_ids.shape[1])
-            logits = logits[:, p - 1 : p - 1 + n]
-        return logits
+        return teacher_forced_logits(ctx, ref, model)
     finally:
         del model
 
@@ -182,17 +196,29 @@ def _first_difference(tokens: Any, ref: Any) -> int:
     return int(hits[0].item()) if hits.numel() else n
 
 
-def _arm_logits(
-    ctx: Context, arm: ArmResult, run: Any, ref: Reference
+def arm_logits(
+    ctx: Context, arm: ArmResult, run: Any, ref: Reference, *, eager: bool = False
 ) -> tuple[Any, int | None, str]:
     """(arm logits, the reference's steps they cover (None: all), basis) for ``arm``,
-    built as it was timed."""
+    built as it was timed.
+
+    ``eager``: the eager arm is judged too (a sharded run against the 1-rank reference):
+    its decode logits are one teacher-forced forward over the reference's tokens. Every
+    rank of a sharded run calls this in the same order (the forwards are collective).
+    """
     fn = getattr(run, "__wrapped__", run)
     if ref.regime == Regime.PREFILL:
         import torch
 
+        if fn is None:
+            return teacher_forced_logits(ctx, ref), None, "every prompt position's logits"
         with torch.inference_mode():
-            return fn(), None, "every prompt position's logits"
+            out = fn()
+        out = out.full_tensor() if hasattr(out, "full_tensor") else out
+        return out, None, "every prompt position's logits"
+    if eager and arm.name == Arm.EAGER:
+        logits = teacher_forced_logits(ctx, ref)
+        return logits, None, "one forward over the prompt and the reference tokens"
     times: list[float] = []
     forced = getattr(fn, "forced_logits", None)
     if forced is not None:
@@ -228,23 +254,50 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
     ``run`` is the arm's built iteration (what the rounds timed). Never raises: a check
     that cannot run is recorded as ``not checked`` with the reason.
     """
-    from pypto_precision import judge_logits, logit_metrics
-
     if arm.name == Arm.EAGER and ref is not None and arm.ok:
         _step_latency(arm, ref.step_seconds)  # the eager reference pass is the eager arm's
-    if arm.name == Arm.EAGER or not arm.ok:
+    if arm.name == Arm.EAGER or not precheck(ctx, arm, ref):
         return
+    assert ref is not None  # precheck
+    try:
+        logits, n, basis = arm_logits(ctx, arm, run, ref)
+    except Exception as err:  # a check that cannot run is said, never fatal to the arm
+        log.warning("%s: numerics not checked: %s", arm.name, err)
+        arm.numerics = {"verdict": "not checked", "why": f"{type(err).__name__}: {err}"}
+        return
+    judge_arm(arm, logits, n, basis, ref)
+
+
+def precheck(ctx: Context, arm: ArmResult, ref: Reference | None) -> bool:
+    """Whether ``arm`` is to be judged; when not, ``arm.numerics`` says why (exempt, or a
+    regime the gate does not check). A failed arm is neither."""
+    if not arm.ok:
+        return False
     if arm.outputs_differ_by_design:
         arm.numerics = {"verdict": "exempt", "why": arm.outputs_differ_by_design}
-        return
+        return False
     if ref is None:
         arm.numerics = {
             "verdict": "not checked",
             "why": f"the {ctx.config.regime} regime's logits are not checked yet",
         }
-        return
+        return False
+    return True
+
+
+def judge_arm(
+    arm: ArmResult,
+    logits: Any,
+    n: int | None,
+    basis: str,
+    ref: Reference,
+    against: str = NUMERICS_BASIS,
+) -> None:
+    """The verdict of ``logits`` (an arm's, covering the reference's first ``n`` steps, or
+    all) against ``ref``, recorded in ``arm.numerics``. Never raises."""
+    from pypto_precision import judge_logits, logit_metrics
+
     try:
-        logits, n, basis = _arm_logits(ctx, arm, run, ref)
         metrics = logit_metrics(logits, ref.logits if n is None else ref.logits[:, :n])
         against32 = None
         if ref.float32_logits is not None:
@@ -268,7 +321,7 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
         check = judge_logits(metrics, ref.dtype, allowed=allowed, basis=words)
     arm.numerics = {
         "verdict": "pass" if check.ok else "fail",
-        "against": NUMERICS_BASIS,
+        "against": against,
         "basis": basis,
         "dtype": ref.dtype,
         "allowed_kl_max": check.allowed,

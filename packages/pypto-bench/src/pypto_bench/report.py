@@ -926,10 +926,16 @@ def _distributed_lines(data: dict[str, Any]) -> list[str]:
     if dist.get("baseline") is None:
         vs = f"; no 1-rank run ({dist.get('baseline_skipped') or 'skipped'})"
     else:
+        what = "tokens" if "token" in str(agree.get("compared") or "") else "outputs"
+        scale = (
+            f"speedup not comparable ({dist['not_comparable']})"
+            if dist.get("not_comparable")
+            else f"speedup {_fmt(dist.get('speedup'), '.2f')}, scaling efficiency "
+            f"{_fmt(dist.get('scaling_efficiency'), '.2f')}"
+        )
         vs = (
-            f" vs 1 rank {_fmt(base.get('best'))}: speedup {_fmt(dist.get('speedup'), '.2f')}, "
-            f"scaling efficiency {_fmt(dist.get('scaling_efficiency'), '.2f')}; agrees with "
-            f"1 rank: {'yes' if agree.get('ok') else 'NO'}"
+            f" vs 1 rank {_fmt(base.get('best'))}: {scale}; {what} agree with 1 rank: "
+            f"{'yes' if agree.get('ok') else 'NO'}"
         )
     lines = [
         head + vs + f"; communication share {_fmt(comm.get('min'), '.2f')}-"

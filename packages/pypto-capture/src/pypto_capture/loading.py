@@ -137,4 +137,17 @@ def load_local_model(
             "folder holds a complete causal-LM checkpoint"
         ) from err
     log.info("loaded %s (%s)", path, type(model).__name__)
+    pinned = config.get("auto_map")
+    if isinstance(pinned, dict) and pinned:
+        # Issue #43 (L10): a folder pinned to code (pypto-patch writes auto_map) whose
+        # model_type transformers knows loads as transformers' own class; bisecting it then
+        # says nothing about the pinned code, so say which model was bisected.
+        log.warning(
+            "%s names its own code in auto_map, which pypto-capture never runs: transformers' "
+            "own %s for model type %r falls back in its place; to bisect the pinned code, "
+            "load the model yourself and call pypto_capture.bisect_capture(model)",
+            path,
+            type(model).__name__,
+            str(config.get("model_type"))[:60],
+        )
     return model.eval()

@@ -146,6 +146,8 @@ def aggregate_arm(
     arm.memory = run.arm.memory
     arm.details = dict(run.arm.details)
     arm.details["ranks"] = len(ranks)  # the world (--nproc per node x --nnodes)
+    arm.numerics = run.arm.numerics  # rank 0's verdict against the 1-rank reference
+    arm.outputs_differ_by_design = run.arm.outputs_differ_by_design
     if config.regime == "decode":
         arm.ttft_s = summarize_seconds(
             [max(r["ttft_s"][i] for r in ranks) for i in range(len(run.figures["ttft_s"]))]
@@ -172,6 +174,9 @@ def aggregate_arm(
     base_best = baseline.arm.tokens_per_s.get("best")
     best = arm.tokens_per_s.get("best")
     speedup = best / base_best if best and base_best else None
+    wrong = (arm.numerics or {}).get("verdict") == "fail"
+    if wrong:  # a speedup of an arm that computes something else is no speedup
+        speedup = None
     figures: dict[str, Any] = {
         "aggregate_tokens_per_s": arm.tokens_per_s,
         "step_s": spread(step),
@@ -186,6 +191,7 @@ def aggregate_arm(
         "speedup": speedup,
         "scaling_efficiency": speedup / len(ranks) if speedup is not None else None,
         "agreement": agreement,
+        **({"not_comparable": "numerics FAIL against the 1-rank run"} if wrong else {}),
         **_capture_figures(name, arm),
     }
     return arm, figures

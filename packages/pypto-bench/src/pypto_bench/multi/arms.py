@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISTRIBUTED_AUTO_BACKEND",
+    "TP_NUMERICS_BASIS",
+    "Judge",
     "Measured",
     "graph_backend_for",
     "make_ctx",
@@ -46,6 +48,85 @@ class Measured:
         self.ctx: Any = None
 
 
+#: What a sharded run's arms are judged against (the report's ``numerics.against``).
+TP_NUMERICS_BASIS = (
+    "the 1-rank run's eager logits (the whole model on one device, same dtype), "
+    "teacher-forced with its tokens"
+)
+
+
+class Judge:
+    """The numerical gate of a sharded run (issue #42): every arm, eager included, against
+    the 1-rank run's eager reference, teacher-forced with its tokens, so an error that
+    appears "only with TP > 1" (a mis-sharded layer, a wrong reduction) fails the arm as
+    a wrong graph arm does in one process.
+
+    Rank 0 holds the reference (``full``); the other ranks get its tokens (``shared``,
+    broadcast by the caller) and run the same forwards, which are collective. Without a
+    1-rank run (skipped: the whole model does not fit one device) nothing is judged and
+    every arm says why.
+    """
+
+    def __init__(self, shared: dict[str, Any], full: Any = None) -> None:
+        self.shared = shared
+        self.full = full
+
+    @classmethod
+    def alone(cls, ref: Any, why: str | None) -> Judge:
+        """The judge of a run in one process (the pipeline placement): nothing to share."""
+        if ref is None:
+            return cls({"why": why or "no 1-rank run to judge the placed arms against"})
+        return cls({"regime": ref.regime, "dtype": ref.dtype, "tokens": ref.tokens}, ref)
+
+    def __call__(self, ctx: Any, arm: Any, run: Any) -> None:
+        from ..numerics import Reference, arm_logits, judge_arm
+
+        if not arm.ok:
+            return
+        if arm.outputs_differ_by_design:
+            arm.numerics = {"verdict": "exempt", "why": arm.outputs_differ_by_design}
+            return
+        regime, why = self.shared.get("regime"), self.shared.get("why")
+        if why or regime is None:
+            arm.numerics = {"verdict": "not checked", "why": why or "no 1-rank reference"}
+            return
+        tokens = self.shared.get("tokens")
+        ref = self.full
+        if ref is None:  # a rank other than 0: the tokens to force, no logits to judge
+            ref = Reference(
+                str(regime),
+                str(self.shared.get("dtype")),
+                None,
+                None if tokens is None else tokens.to(ctx.device),
+            )
+        try:
+            logits, n, basis = arm_logits(ctx, arm, run, ref, eager=True)
+        except Exception as err:  # every rank raises alike: the forwards are the same
+            arm.numerics = {"verdict": "not checked", "why": f"{type(err).__name__}: {err}"}
+            return
+        if self.full is not None:
+            judge_arm(arm, logits, n, basis, self.full, against=TP_NUMERICS_BASIS)
+
+
+def share_reference(ref: Any, why: str | None, rank: int, device: Any) -> dict[str, Any]:
+    """Rank 0's reference tokens (and regime, dtype), or why there is none, on every
+    rank: one collective broadcast."""
+    import torch.distributed as dist
+
+    payload: list[Any] = [None]
+    if rank == 0:
+        if ref is None:
+            payload[0] = {"why": why or "no 1-rank run to judge the sharded arms against"}
+        else:
+            payload[0] = {
+                "regime": ref.regime,
+                "dtype": ref.dtype,
+                "tokens": None if ref.tokens is None else ref.tokens.detach().cpu(),
+            }
+    dist.broadcast_object_list(payload, src=0, device=None if device.type == "cpu" else device)
+    return dict(payload[0])
+
+
 def make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick: Any) -> Any:
     """The single-process protocol's context (prompt, model, device, progress tick)."""
     from ..protocol import make_context
@@ -53,7 +134,14 @@ def make_ctx(config: BenchConfig, model: Any, tokenizer: Any, device: Any, tick:
     return make_context(config, model, tokenizer, device, tick)
 
 
-def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = None) -> Measured:
+def measure_arm(
+    ctx: Any,
+    name: str,
+    *,
+    with_comm: bool,
+    keep_in: Path | None = None,
+    judge: Judge | None = None,
+) -> Measured:
     """The single-process protocol of ``pypto_bench.bench`` for arm ``name`` on this
     process's model (eager: prefill or generate; graph: the captured decode step), plus,
     with ``with_comm``, the communication of one extra profiled step (kept in ``keep_in``
@@ -73,6 +161,8 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = 
         with moe_routing_for(ctx, arm):
             tokens = run_decode(ctx, arm, mem, keep)
             arm.memory = mem.result()
+            if judge is not None:
+                judge(ctx, arm, keep.get("once"))
             # One more replayed iteration under the profiler (a CUDA graph replays NCCL
             # kernels, which CUPTI sees). Not on CPU: profiling the compiled step while two
             # gloo all-reduces are in flight crashed a rank (SIGSEGV in wait_tensor, once in
@@ -97,6 +187,8 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = 
             return eager_generate(ctx)[0]
 
     arm.memory = mem.result()
+    if judge is not None:
+        judge(ctx, arm, step if ctx.config.regime == "prefill" else None)
     with torch.inference_mode():
         out = prefill_fn(ctx)() if ctx.config.regime == "prefill" else tokens
     out = out.full_tensor() if hasattr(out, "full_tensor") else out
@@ -105,13 +197,19 @@ def measure_arm(ctx: Any, name: str, *, with_comm: bool, keep_in: Path | None = 
 
 
 def measure_arms(
-    ctx: Any, names: Sequence[str], *, with_comm: bool, keep_in: Path | None = None
+    ctx: Any,
+    names: Sequence[str],
+    *,
+    with_comm: bool,
+    keep_in: Path | None = None,
+    judge: Judge | None = None,
 ) -> tuple[dict[str, Measured], dict[str, Any]]:
     """Every arm of ``names`` on this process's model, in the schedule the config asks for:
     interleaved rounds by default (:func:`pypto_bench.rounds.run_interleaved`; each round
     one collective step per arm, the order the same on every rank), one arm after the other
     with ``--schedule sequential`` or where interleaving is unsafe (the schedule says why).
     A failing arm raises (on a rank: the run fails, as one arm after the other does).
+    ``judge``: each arm's numerical verdict, taken while the arm is still built.
 
     Returns (the arms' measurements, the report's ``schedule``)."""
     from ..config import Schedule
@@ -128,6 +226,8 @@ def measure_arms(
 
         def after(arm: ArmResult, run: Callable[[], Any]) -> None:
             done[arm.name] = _after_rounds(ctx, arm, run, with_comm, keep_in)
+            if judge is not None:
+                judge(ctx, arm, run)
 
         try:
             _, schedule = run_interleaved(
@@ -137,7 +237,9 @@ def measure_arms(
         except Fallback as err:
             why = f"not interleaved: {err}"
     runs = {
-        n: measure_arm(ctx, n, with_comm=with_comm, keep_in=keep_in / n if keep_in else None)
+        n: measure_arm(
+            ctx, n, with_comm=with_comm, keep_in=keep_in / n if keep_in else None, judge=judge
+        )
         for n in names
     }
     order = [[n, i] for n in names for i in range(len(runs[n].figures["samples_s"]))]
@@ -191,8 +293,13 @@ def _rank_figures(arm: Any, comm: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
-def measure_baseline(config: BenchConfig, device: Any, beat: Beat) -> dict[str, Measured]:
-    """Rank 0 alone, the whole model, the standard load: the 1-rank run of this invocation."""
+def measure_baseline(
+    config: BenchConfig, device: Any, beat: Beat
+) -> tuple[dict[str, Measured], Any, str | None]:
+    """Rank 0 alone, the whole model, the standard load: the 1-rank run of this invocation.
+
+    Returns (its arms, the eager reference the sharded arms are judged against (a
+    :class:`pypto_bench.numerics.Reference`, None when there is none), why none)."""
     import torch
 
     from ..loading import load_model
@@ -207,9 +314,18 @@ def measure_baseline(config: BenchConfig, device: Any, beat: Beat) -> dict[str, 
     if "graph" in config.arms:  # the backend the ranks use: the same capture on both sides
         ctx.graph_backend = graph_backend_for(config, device)
     run, _ = measure_arms(ctx, config.arms, with_comm=False)
+    from ..numerics import eager_reference
+
+    ref, why = None, None
+    try:
+        ref = eager_reference(ctx)
+        if ref is None:
+            why = f"the {config.regime} regime's logits are not checked yet"
+    except Exception as err:  # the gate is said to be missing, never fatal to the run
+        why = f"the 1-rank reference pass failed ({type(err).__name__}: {err})"
     del ctx, loaded
     release_memory(device)
-    return run
+    return run, ref, why
 
 
 def graph_backend_for(config: BenchConfig, device: Any) -> Any:

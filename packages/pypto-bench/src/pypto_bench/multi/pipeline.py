@@ -31,7 +31,7 @@ from pypto_common import redact
 from ..errors import BadInputError, ModelLoadError, RankFailedError
 from ._shared import NoBeat
 from .aggregate import NO_BASELINE_FIGURES, add_arm, aggregate_arm
-from .arms import make_ctx, measure_arm, measure_baseline
+from .arms import Judge, make_ctx, measure_arm, measure_baseline
 from .fit import baseline_skip_reason, out_of_memory
 from .preflight import check_before_launch
 from .tensor import load_placed
@@ -166,14 +166,16 @@ def run_pipeline(config: BenchConfig, *, validated: bool = False) -> Report:
     mapping, stages = _plan(config, path, raw, device_type)
 
     skipped = baseline_skip_reason(config, first)
-    baseline = None
+    baseline, ref, no_ref = None, None, None
     if skipped is None:
         try:
-            baseline = measure_baseline(config, first, NoBeat())
+            baseline, ref, no_ref = measure_baseline(config, first, NoBeat())
         except Exception as err:
             if not out_of_memory(err):
                 raise
             skipped = f"the whole model ran out of memory on one device ({str(err)[:160]})"
+    if skipped:
+        no_ref = f"no 1-rank run to judge the placed arm against ({skipped})"
     from ..measure import RssPeak
 
     load_rss = RssPeak()
@@ -181,7 +183,8 @@ def run_pipeline(config: BenchConfig, *, validated: bool = False) -> Report:
         config, path, raw, {"device_map": mapping}, "over a device map"
     )
     ctx = make_ctx(config, model, tokenizer, first, lambda *a: None)
-    run = measure_arm(ctx, "eager", with_comm=False)
+    # The numerical gate: the placed eager arm against the 1-rank run's eager reference.
+    run = measure_arm(ctx, "eager", with_comm=False, judge=Judge.alone(ref, no_ref))
     from ..report import model_section
 
     run.model_info = model_section(

@@ -29,7 +29,15 @@ from pypto_common import atomic_write_text, redact
 
 from ..errors import EnvironmentMissingError, RankFailedError
 from .aggregate import build_report
-from .arms import Measured, graph_backend_for, make_ctx, measure_arms, measure_baseline
+from .arms import (
+    Judge,
+    Measured,
+    graph_backend_for,
+    make_ctx,
+    measure_arms,
+    measure_baseline,
+    share_reference,
+)
 from .fit import baseline_skip_reason, out_of_memory, release_memory
 from .lifecycle import (
     EXIT_ORPHANED,
@@ -374,14 +382,17 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
     try:
         # The noise guard's load window: both measurements (rank 0 holds the sampler).
         load = group_load_sampler(os.getpgid(0)) if rank == 0 else None
+        ref, no_ref = None, None
         if (launch is None and "identity" not in spec) or rank == 0:  # one node: files in common
-            baseline, skipped = _baseline_turn(config, device, rank, beat, folder)
+            baseline, skipped, ref, no_ref = _baseline_turn(config, device, rank, beat, folder)
         else:
             baseline, skipped = None, None
         with _waiting(beat, rank != 0 and (launch is not None or "identity" in spec)):
             dist.barrier()
+        # The numerical gate's reference tokens, from the 1-rank run to every rank.
+        judge = Judge(share_reference(ref, no_ref or skipped, rank, device), ref)
         beat.advance("loading the sharded model")
-        runs = _measure_rank(config, device, world, beat, spec)
+        runs = _measure_rank(config, device, world, beat, spec, judge)
         figures = {name: r.figures for name, r in runs.items()}
         # Each node keeps its own ranks' figures too (multi.launch.write_node_figures).
         atomic_write_text(folder / f"rank{rank}.figures.json", json.dumps(figures, default=str))
@@ -441,19 +452,20 @@ def _waiting(beat: Heartbeat, on: bool) -> Any:
 
 def _baseline_turn(
     config: BenchConfig, device: Any, rank: int, beat: Heartbeat, folder: Path
-) -> tuple[dict[str, Measured] | None, str | None]:
+) -> tuple[dict[str, Measured] | None, str | None, Any, str | None]:
     """Rank 0 runs the 1-rank baseline (unless it is skipped: why) while the others wait
-    for its ``baseline.done``; (baseline runs or None, why skipped or None)."""
+    for its ``baseline.done``; (baseline runs or None, why skipped or None, the eager
+    reference or None, why none)."""
     if rank != 0:
         while not (folder / "baseline.done").exists():
             time.sleep(_BASELINE_POLL_S)
-        return None, None
-    baseline = None
+        return None, None, None, None
+    baseline, ref, no_ref = None, None, None
     beat.advance("1-rank baseline")
     skipped = baseline_skip_reason(config, device)
     if skipped is None:
         try:
-            baseline = measure_baseline(config, device, beat)
+            baseline, ref, no_ref = measure_baseline(config, device, beat)
         except Exception as err:
             if not out_of_memory(err):
                 raise
@@ -464,8 +476,9 @@ def _baseline_turn(
             release_memory(device)
     if skipped:
         log.warning("1-rank baseline skipped: %s", skipped)
+        no_ref = f"no 1-rank run to judge the sharded arms against ({skipped})"
     atomic_write_text(folder / "baseline.done", "1")
-    return baseline, skipped
+    return baseline, skipped, ref, no_ref
 
 
 def _save_outputs(
@@ -496,7 +509,12 @@ def _save_outputs(
 
 
 def _measure_rank(
-    config: BenchConfig, device: Any, world: int, beat: Heartbeat, spec: dict[str, Any]
+    config: BenchConfig,
+    device: Any,
+    world: int,
+    beat: Heartbeat,
+    spec: dict[str, Any],
+    judge: Judge | None = None,
 ) -> dict[str, Measured]:
     import torch.distributed as dist
 
@@ -516,7 +534,9 @@ def _measure_rank(
     kept = Path(config.rank_profiles) if config.rank_profiles else None
     # Interleaved rounds by default (the same order on every rank: each round one
     # collective step per arm); rank 0's report says which schedule ran.
-    runs, spec["schedule"] = measure_arms(ctx, config.arms, with_comm=True, keep_in=kept)
+    runs, spec["schedule"] = measure_arms(
+        ctx, config.arms, with_comm=True, keep_in=kept, judge=judge
+    )
     run = runs[config.arms[0]]
     for r in runs.values():
         r.ctx = ctx
