@@ -20,8 +20,14 @@ Chromium also makes requests of its own at startup, before the page loads, that 
 turns off in 156: the sign-in service lists the profile's Google accounts
 (``accounts.google.com``, chromiumembedded/cef#4276) and the component updater asks for
 the on-device model manifest (``update.googleapis.com``) despite
-``--disable-component-update``. Those (:data:`BROWSER_HOSTS`) are kept apart in
-:attr:`PageCheck.browser_requests`; every other connection is the page's.
+``--disable-component-update``. Chromium 150 (Debian bookworm's package in December
+2026) also preconnects to the default search engine (``www.google.com``) at startup:
+``--disable-features=PreconnectToSearch`` cut it from five connections to one on a blank
+page, never to none. Those (:data:`BROWSER_HOSTS`) are kept apart in
+:attr:`PageCheck.browser_requests`; every other connection is the page's. A page's own
+load from one of those hosts is still caught: the report pages carry a
+Content-Security-Policy that refuses every network load, and a refusal is a console line
+(:attr:`PageCheck.console_errors`).
 
 ``--headless=new`` accepts ``--screenshot`` and ``--dump-dom`` in one run (both after
 the load event); when a Chromium does not (an older headless shell), the missing one is
@@ -65,6 +71,7 @@ BROWSER_HOSTS = (
     "redirector.gvt1.com",
     "edgedl.me.gvt1.com",
     "optimizationguide-pa.googleapis.com",
+    "www.google.com",  # the default search engine's preconnect (Chromium 150)
 )
 
 _CONSOLE = re.compile(r":CONSOLE[:(]|\bUncaught\b|Content Security Policy|Refused to ")
@@ -275,7 +282,7 @@ def open_page(
                 "--disable-extensions",
                 "--disable-default-apps",
                 "--metrics-recording-only",
-                "--disable-features=NetworkTimeServiceQuerying",
+                "--disable-features=NetworkTimeServiceQuerying,PreconnectToSearch",
             ]
             deadline = time.monotonic() + timeout
             code, dom, log = _run([*base, f"--screenshot={shot}", "--dump-dom", url], timeout)
