@@ -700,6 +700,59 @@ def test_list_reads_the_newest_runs_only_and_says_so(tmp_path, capsys):
     assert "--last must be 0" in capsys.readouterr().err
 
 
+@contextmanager
+def _read_only_copy(files: list[Path], where: Path) -> Iterator[Path]:
+    """``files`` copied onto a tmpfs mounted at ``where`` and remounted read-only (root
+    only: a read-only folder is no obstacle to root otherwise); unmounted on the way out."""
+    import shutil as _shutil
+
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(where)],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()[:120]}")
+    try:
+        for f in files:
+            _shutil.copy(f, where / f.name)
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True, timeout=30)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False, timeout=30)
+
+
+def test_a_log_without_its_index_on_a_read_only_mount_says_how_to_read_it(tmp_path, capsys):
+    """Issue #43 second pass, L8: a history whose last runs are in its -wal, copied without
+    its -shm onto a read-only mount, was "not a readable SQLite database ... pass a new
+    path"; it is intact, so the line says how to read it, and the way it gives works."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    src = tmp_path / "src"
+    src.mkdir()
+    db = src / "h.db"
+    record(db, make_report(graph=STEADY))
+    with closing(sqlite3.connect(db)) as hold:  # keeps the log: not the last connection
+        hold.execute("PRAGMA wal_autocheckpoint=0")
+        hold.execute("SELECT count(*) FROM runs").fetchone()
+        record(db, make_report(graph=STEADY))
+        wal = Path(f"{db}-wal")
+        assert wal.stat().st_size > 0
+        with _read_only_copy([db, wal], tmp_path / "ro") as ro:
+            assert main(["history", "list", "--db", str(ro / "h.db")]) == EXIT.USAGE
+            err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+            assert len(err) == 1
+            assert "keeps runs in its write-ahead log (h.db-wal) but has no h.db-shm" in err[0]
+            assert "copy h.db and h.db-wal to a writable folder" in err[0]
+            assert "new path" not in err[0]
+            copy = tmp_path / "copy"
+            copy.mkdir()
+            for name in ("h.db", "h.db-wal"):
+                (copy / name).write_bytes((ro / name).read_bytes())
+    assert main(["history", "list", "--db", str(copy / "h.db"), "--json"]) == EXIT.OK
+    assert len(json.loads(capsys.readouterr().out)) == 2  # both runs, the logged one too
+
+
 def test_an_error_quoting_a_strangers_text_prints_no_escape_sequence(tmp_path, capsys):
     """A history that is a link whose target name holds terminal escapes: the one-line
     error names it with the controls replaced (they retitled and cleared the terminal)."""

@@ -289,6 +289,17 @@ def check_db_path(path: str | os.PathLike[str], *, create: bool, tables: bool = 
         with closing(_connect(p, readonly=True, immutable=quiet)) as con:
             _validate(con, p)
     except sqlite3.DatabaseError as err:
+        wal, shm = Path(f"{p}-wal"), Path(f"{p}-shm")
+        if not quiet and not shm.exists() and not os.access(p.parent, os.W_OK):
+            # Issue #43 (L8): runs committed to the log are readable only with its
+            # shared-memory index, which SQLite cannot create in a read-only folder; the
+            # file is intact (never advise giving it up), it must be read elsewhere.
+            raise HistoryError(
+                f"history {p} keeps runs in its write-ahead log ({wal.name}) but has no "
+                f"{shm.name}, and its folder is read-only, so SQLite cannot read them there: "
+                f"copy {p.name} and {wal.name} to a writable folder and pass the copy "
+                "(nothing was changed)"
+            ) from None
         raise HistoryError(
             f"history {p} is not a readable SQLite database ({err}): {_fix(p)}"
         ) from None
