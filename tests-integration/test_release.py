@@ -689,12 +689,11 @@ def test_download_and_patch_wait_for_common_then_install_from_the_index_and_run(
     _pip(target, *_third_party_runtime_deps(loopback.repo, "pypto-download", "pypto-patch"))
     _pip_from_local_index(target, loopback, "pypto-download==0.1.0", "pypto-patch==0.1.0")
     installed = _installed(target)
-    assert {n: installed[n] for n in installed if n.startswith("pypto")} == {
-        "pypto-capture": "0.1.0",
-        "pypto-common": "0.1.0",
-        "pypto-download": "0.1.0",
-        "pypto-patch": "0.1.0",
-    }
+    ours = {n: installed[n] for n in installed if n.startswith("pypto")}
+    # pypto-capture is there when the capture test ran first in this process (same target);
+    # alone, or on another worker, it is not: either way nothing else and all at 0.1.0.
+    assert set(ours) - {"pypto-capture"} == {"pypto-common", "pypto-download", "pypto-patch"}
+    assert set(ours.values()) == {"0.1.0"}
 
     bindir = target.parent
     for tool in ("pypto-download", "pypto-patch"):
