@@ -118,12 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-#: C0 / C1 controls (a newline too: an error is one line) and Unicode bidi controls: an
-#: error quotes strangers' text (a history's schema, a link's target, SQLite's message), and
-#: an escape sequence printed raw retitles or clears the user's terminal.
-
-
 def _err(msg: str) -> None:
+    # An error quotes strangers' text (a history's schema, a link's target, SQLite's
+    # message): controls, bidi and invisible characters replaced, one line.
     print(f"pypto-bench: error: {visible(redact(msg))}", file=sys.stderr)
 
 

@@ -149,6 +149,14 @@ def _check_values(con: sqlite3.Connection, path: Path) -> None:
     """Refuse the first stored value of the wrong type (text where a number belongs, an id
     past int64 stored as a real, an infinite tok/s): one HistoryError instead of an
     "unexpected" error, or half a table printed, when the value is used."""
+    bad = _first_bad_value(con)
+    if bad is not None:
+        raise HistoryError(f"history {path}: {bad} (a damaged or edited file): {_fix(path)}")
+
+
+def _first_bad_value(con: sqlite3.Connection) -> str | None:
+    """The first stored value of the wrong type, said in words ("runs row 3 holds text in
+    batch where an integer belongs"), or None."""
     for table, types in (("runs", _RUN_TYPES), ("arms", _ARM_TYPES)):
         cases = " ".join(f"WHEN {_bad_value(c, k)} THEN '{c}'" for c, k in types.items())
         row = con.execute(
@@ -161,10 +169,8 @@ def _check_values(con: sqlite3.Connection, path: Path) -> None:
         held = con.execute(f"SELECT typeof({column}) FROM {table} WHERE rowid = ?", (rowid,))
         kind = types[column]
         want = _TYPE_NAMES[kind[0]] + (" or null" if kind.endswith("?") else "")
-        raise HistoryError(
-            f"history {path}: {table} row {rowid} holds {held.fetchone()[0]} in {column} "
-            f"where {want} belongs (a damaged or edited file): {_fix(path)}"
-        )
+        return f"{table} row {rowid} holds {held.fetchone()[0]} in {column} where {want} belongs"
+    return None
 
 
 def _date(text: str, path: str | os.PathLike[str]) -> _dt.datetime:
@@ -586,13 +592,12 @@ def _record(path: str | os.PathLike[str], data: dict[str, Any]) -> int:
                             tps.method if tps else None,
                         ),
                     )
-                try:  # what readers will refuse is never written (a report's "batch": "abc")
-                    _check_values(con, p)
-                except HistoryError as err:
+                bad = _first_bad_value(con)  # what readers refuse is never written
+                if bad is not None:
                     raise HistoryError(
-                        f"the report does not hold what a history row stores, nothing was "
-                        f"recorded: {str(err).split(': ', 1)[-1].split(' (a damaged')[0]}"
-                    ) from None
+                        "the report does not hold what a history row stores, nothing was "
+                        f"recorded: {bad}"
+                    )
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -625,14 +630,11 @@ def list_runs(path: str | os.PathLike[str], last: int | None = None) -> list[dic
     if last is not None and last < 1:
         raise HistoryError(f"--last must be >= 1 (0 on the command line lists all), got {last}")
     with _reader(path) as con:
-        if last is None:
-            picked = con.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY id")
-            runs = [dict(r) for r in picked]
-        else:
-            picked = con.execute(
-                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY id DESC LIMIT ?", (last,)
-            )
-            runs = [dict(r) for r in picked][::-1]
+        picked = con.execute(  # LIMIT -1: no limit
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY id DESC LIMIT ?",
+            (-1 if last is None else last,),
+        )
+        runs = [dict(r) for r in picked][::-1]
         first = runs[0]["id"] if runs else 0
         arms: dict[int, list[dict[str, Any]]] = {}
         for r in con.execute(

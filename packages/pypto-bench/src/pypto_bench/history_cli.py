@@ -70,39 +70,38 @@ def add_history_parser(sub: Any) -> None:
     pl.add_argument("--arm", default=None, help="only this arm (default: every arm)")
 
 
-#: Control characters (C0, C1) and Unicode bidi controls: a history row is a stranger's
-#: text, and an escape sequence printed raw retitles or clears the user's terminal.
 #: The most characters one stored value prints (a 20 MB arm name printed 42 MB).
 _MAX_CELL = 200
 
 
-def _count(text: str) -> int:
-    """``--last N``: 0 (every run) .. 2**31."""
+def _whole_number(text: str, what: str, low: int, high: int, span: str, hint: str = "") -> int:
+    """``text`` as a whole number in ``low..high``; argparse's one-line error otherwise."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--last must be a whole number, got {text[:40]!r}"
+            f"{what} must be a whole number, got {text[:40]!r}"
         ) from None
-    if not 0 <= value <= 2**31:
-        raise argparse.ArgumentTypeError(f"--last must be 0 (every run) .. 2**31, got {text[:40]}")
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{what} must be {span}, got {text[:40]}{hint}")
     return value
+
+
+def _count(text: str) -> int:
+    """``--last N``: 0 (every run) .. 2**31."""
+    return _whole_number(text, "--last", 0, 2**31, "0 (every run) .. 2**31")
 
 
 def _run_id(text: str) -> int:
     """A run id as SQLite stores one: 1 .. 2**63-1 (a larger number cannot be asked for)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"run id must be a whole number, got {text[:40]!r}"
-        ) from None
-    if not 1 <= value < 2**63:
-        raise argparse.ArgumentTypeError(
-            f"run id must be between 1 and 2**63-1, got {text[:40]}: `pypto-bench history "
-            "list --db DB` lists the ids"
-        )
-    return value
+    return _whole_number(
+        text,
+        "run id",
+        1,
+        2**63 - 1,
+        "between 1 and 2**63-1",
+        ": `pypto-bench history list --db DB` lists the ids",
+    )
 
 
 def _t(value: Any, limit: int = _MAX_CELL) -> str:

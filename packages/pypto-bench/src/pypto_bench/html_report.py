@@ -193,18 +193,15 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
     if failed:
         out.append(box(failed, kind="bad", title="Failed arms"))
     # Split by the verdict itself, not by the words of its line (a "why" may say anything).
-    verdicts = [(a, numerics_line(a)) for a in arms]
-    failing = [(a.get("numerics") or {}).get("verdict") == "fail" for a in arms]
-    bad = [
-        f"{a.get('name')}: {ln}" for (a, ln), f in zip(verdicts, failing, strict=True) if ln and f
-    ]
+    bad: list[str] = []
+    fine: list[str] = []
+    for a in arms:
+        line = numerics_line(a)
+        if line:
+            failing = (a.get("numerics") or {}).get("verdict") == "fail"
+            (bad if failing else fine).append(f"{a.get('name')}: {line}")
     if bad:
         out.append(box(bad, kind="bad", title="Numerics: arms that compute something else"))
-    fine = [
-        f"{a.get('name')}: {ln}"
-        for (a, ln), f in zip(verdicts, failing, strict=True)
-        if ln and not f
-    ]
     noise = noise_lines(data)
     if noise:
         out.append(box(noise, kind="warn", title="Noise verdicts"))

@@ -268,9 +268,12 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
     judge_arm(arm, logits, n, basis, ref)
 
 
-def precheck(ctx: Context, arm: ArmResult, ref: Reference | None) -> bool:
-    """Whether ``arm`` is to be judged; when not, ``arm.numerics`` says why (exempt, or a
-    regime the gate does not check). A failed arm is neither."""
+def precheck(
+    ctx: Context, arm: ArmResult, ref: Reference | None, why_none: str | None = None
+) -> bool:
+    """Whether ``arm`` is to be judged; when not, ``arm.numerics`` says why (exempt, or no
+    reference: ``why_none``, by default a regime the gate does not check). A failed arm is
+    neither."""
     if not arm.ok:
         return False
     if arm.outputs_differ_by_design:
@@ -279,7 +282,7 @@ def precheck(ctx: Context, arm: ArmResult, ref: Reference | None) -> bool:
     if ref is None:
         arm.numerics = {
             "verdict": "not checked",
-            "why": f"the {ctx.config.regime} regime's logits are not checked yet",
+            "why": why_none or f"the {ctx.config.regime} regime's logits are not checked yet",
         }
         return False
     return True

@@ -28,6 +28,8 @@ __all__ = [
     "measure_arm",
     "measure_arms",
     "measure_baseline",
+    "reference_payload",
+    "share_reference",
 ]
 
 #: ``--graph-backend auto`` across ranks: plain stream capture on accelerators (the eager
@@ -74,31 +76,23 @@ class Judge:
     @classmethod
     def alone(cls, ref: Any, why: str | None) -> Judge:
         """The judge of a run in one process (the pipeline placement): nothing to share."""
-        if ref is None:
-            return cls({"why": why or "no 1-rank run to judge the placed arms against"})
-        return cls({"regime": ref.regime, "dtype": ref.dtype, "tokens": ref.tokens}, ref)
+        return cls(reference_payload(ref, why), ref)
 
     def __call__(self, ctx: Any, arm: Any, run: Any) -> None:
-        from ..numerics import Reference, arm_logits, judge_arm
+        from ..numerics import Reference, arm_logits, judge_arm, precheck
 
-        if not arm.ok:
-            return
-        if arm.outputs_differ_by_design:
-            arm.numerics = {"verdict": "exempt", "why": arm.outputs_differ_by_design}
-            return
-        regime, why = self.shared.get("regime"), self.shared.get("why")
-        if why or regime is None:
-            arm.numerics = {"verdict": "not checked", "why": why or "no 1-rank reference"}
-            return
-        tokens = self.shared.get("tokens")
+        shared = self.shared
         ref = self.full
-        if ref is None:  # a rank other than 0: the tokens to force, no logits to judge
+        if ref is None and "regime" in shared:  # a rank other than 0: tokens, no logits
+            tokens = shared.get("tokens")
             ref = Reference(
-                str(regime),
-                str(self.shared.get("dtype")),
+                str(shared["regime"]),
+                str(shared.get("dtype")),
                 None,
                 None if tokens is None else tokens.to(ctx.device),
             )
+        if not precheck(ctx, arm, ref, shared.get("why")):
+            return
         try:
             logits, n, basis = arm_logits(ctx, arm, run, ref, eager=True)
         except Exception as err:  # every rank raises alike: the forwards are the same
@@ -108,21 +102,21 @@ class Judge:
             judge_arm(arm, logits, n, basis, self.full, against=TP_NUMERICS_BASIS)
 
 
+def reference_payload(ref: Any, why: str | None) -> dict[str, Any]:
+    """What the other ranks need of the 1-rank reference (its regime, dtype and tokens on
+    the host), or why there is none (None: a regime the gate does not check)."""
+    if ref is None:
+        return {"why": why}
+    tokens = None if ref.tokens is None else ref.tokens.detach().cpu()
+    return {"regime": ref.regime, "dtype": ref.dtype, "tokens": tokens}
+
+
 def share_reference(ref: Any, why: str | None, rank: int, device: Any) -> dict[str, Any]:
-    """Rank 0's reference tokens (and regime, dtype), or why there is none, on every
-    rank: one collective broadcast."""
+    """Rank 0's :func:`reference_payload` on every rank: one collective broadcast, bounded
+    by the process group's timeout like every collective of the run."""
     import torch.distributed as dist
 
-    payload: list[Any] = [None]
-    if rank == 0:
-        if ref is None:
-            payload[0] = {"why": why or "no 1-rank run to judge the sharded arms against"}
-        else:
-            payload[0] = {
-                "regime": ref.regime,
-                "dtype": ref.dtype,
-                "tokens": None if ref.tokens is None else ref.tokens.detach().cpu(),
-            }
+    payload: list[Any] = [reference_payload(ref, why) if rank == 0 else None]
     dist.broadcast_object_list(payload, src=0, device=None if device.type == "cpu" else device)
     return dict(payload[0])
 
@@ -316,11 +310,9 @@ def measure_baseline(
     run, _ = measure_arms(ctx, config.arms, with_comm=False)
     from ..numerics import eager_reference
 
-    ref, why = None, None
+    ref, why = None, None  # None and None: a regime the gate does not check (it says so)
     try:
         ref = eager_reference(ctx)
-        if ref is None:
-            why = f"the {config.regime} regime's logits are not checked yet"
     except Exception as err:  # the gate is said to be missing, never fatal to the run
         why = f"the 1-rank reference pass failed ({type(err).__name__}: {err})"
     del ctx, loaded

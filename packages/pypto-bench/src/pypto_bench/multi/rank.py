@@ -279,8 +279,9 @@ def _sigterm_ends_it(state_dir: str | None = None) -> Iterator[None]:
     """
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals are the main thread's: nothing to arrange
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
+        yield  # signals are the main thread's; an ignored SIGTERM (nohup) stays ignored
         return
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -298,10 +299,6 @@ def _sigterm_ends_it(state_dir: str | None = None) -> Iterator[None]:
                     shutil.rmtree(state_dir, ignore_errors=True)
                 os._exit(TERMINATED_EXIT)
 
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous is signal.SIG_IGN:  # nohup and the like: keep it
-        yield
-        return
     signal.signal(signal.SIGTERM, lambda *_: None)  # the C handler wakes the thread
     old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     watcher = threading.Thread(target=watch, name="sigterm-watch", daemon=True)
@@ -390,7 +387,7 @@ def run_rank(spec: dict[str, Any], rank: int, beat: Heartbeat, *, launch: Any = 
         with _waiting(beat, rank != 0 and (launch is not None or "identity" in spec)):
             dist.barrier()
         # The numerical gate's reference tokens, from the 1-rank run to every rank.
-        judge = Judge(share_reference(ref, no_ref or skipped, rank, device), ref)
+        judge = Judge(share_reference(ref, no_ref, rank, device), ref)
         beat.advance("loading the sharded model")
         runs = _measure_rank(config, device, world, beat, spec, judge)
         figures = {name: r.figures for name, r in runs.items()}
