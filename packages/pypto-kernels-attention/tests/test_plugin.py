@@ -84,15 +84,18 @@ def test_sliding_only_covers_the_sliding_layers(model):
 
 
 @pytest.mark.slow(
-    reason="the real pypto-bench run of a tiny Gemma 4: eager, graph and pypto+graph with the "
+    reason="the real pypto-bench run of a tiny Gemma 4: eager and pypto+graph with the "
     "PyPTO SIM attention kernel on every replay (~60 s here, 97 s in CI)"
 )
 def test_pypto_graph_arm_runs_the_kernel_on_every_replay(tiny_gemma4, pypto_cpu):
     from pypto_testing.bench import fused_arm_run
 
     gen = 3
-    arms = fused_arm_run(tiny_gemma4, gen=gen)
-    for name in ("eager", "graph", "pypto+graph"):
+    # No graph arm beside it: the plain graph arm of this folder's structure is proven
+    # against transformers' generate in pypto-models-gemma4 (test_decode.py); here it
+    # would only add a second compile of the step (docs/testing.md).
+    arms = fused_arm_run(tiny_gemma4, gen=gen, arms=("eager", "pypto+graph"))
+    for name in ("eager", "pypto+graph"):
         assert arms[name]["ok"], arms[name].get("error")
     fused = arms["pypto+graph"]
     assert fused["token_match"]["rate"] == 1.0, fused["token_match"]
