@@ -207,6 +207,18 @@ def render_support_matrix() -> str:
     for model_type in arch.DECODER_ARCHITECTURES:
         cells = " | ".join(cell(model_type, r, a) for r, a in arch.MATRIX_ARMS)
         lines.append(f"| `{model_type}` | {arch.ARCHITECTURES[model_type]['mixes']} | {cells} |")
+    sparse = []
+    for model_type in arch.SPARSE_ARCHITECTURES:
+        refusal = arch.expected_outcome(model_type, "decode", "graph")
+        graph = "graph ok" if refusal is None else f"graph refused: {refusal}"
+        sparse.append(f"`{model_type}` ({arch.ARCHITECTURES[model_type]['mixes']}): {graph}")
+    if sparse:
+        lines += [
+            "",
+            "Sparse-attention decoders, decode eager and graph, tokens and logits equal eager's "
+            "where ok (the capture-safe cache keeps the indexer's keys beside the ring; "
+            "`packages/pypto-bench/tests/test_sparse_attention.py`): " + "; ".join(sparse) + ".",
+        ]
     for model_type in arch.VL_ARCHITECTURES:
         lines += [
             "",

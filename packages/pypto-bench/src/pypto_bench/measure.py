@@ -22,6 +22,7 @@ __all__ = [
     "attention_flops_per_token",
     "cache_bytes_probe",
     "count_tokens",
+    "indexer_bytes_per_token",
     "kv_bytes_per_token",
     "match_rate",
     "measure_bandwidth",
@@ -207,13 +208,35 @@ def kv_bytes_per_token(model: Any) -> int:
     configs (``per_layer_config[i]``, Gemma 4 at 5.24, where the global attribute raises)
     or the older ``global_head_dim`` / ``num_global_key_value_heads`` for full layers.
     Layers that reuse another layer's keys and values (``num_kv_shared_layers``) add
-    nothing. A sliding layer's cap at its window is the cache's business (the graph arm
+    nothing; sparse-attention layers add their indexer key
+    (:func:`indexer_bytes_per_token`). A sliding layer's cap at its window is the cache's business (the graph arm
     records ``kv_cache``), not a per-token figure.
     """
     cfg = _text_config(model)
+    elem = next(model.parameters()).element_size()
+    return _kv_bytes_per_token(cfg, elem) + indexer_bytes_per_token(cfg, elem)
+
+
+def indexer_bytes_per_token(cfg: Any, elem: int) -> int:
+    """Sparse-attention indexer key bytes one token adds (DeepSeek-V3.2-style DSA: one
+    ``index_head_dim`` key per token on each layer that runs its own indexer, i.e. whose
+    ``indexer_types`` entry is ``full``; every ``indexed_attention`` layer when the config
+    names no indexer types). 0 for a model without an indexer."""
+    dim = getattr(cfg, "index_head_dim", None)
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+        return 0
+    kinds = getattr(cfg, "indexer_types", None)
+    if isinstance(kinds, (list, tuple)):
+        layers = sum(1 for k in kinds if k == "full")
+    else:
+        types = getattr(cfg, "layer_types", None) or []
+        layers = sum(1 for t in types if t == "indexed_attention")
+    return layers * dim * elem
+
+
+def _kv_bytes_per_token(cfg: Any, elem: int) -> int:
     layers = int(cfg.num_hidden_layers)
     heads = int(getattr(cfg, "num_attention_heads", 1))
-    elem = next(model.parameters()).element_size()
     shared = int(getattr(cfg, "num_kv_shared_layers", 0) or 0)
     holding = range(layers - shared)
 

@@ -986,6 +986,9 @@ def _kv_cache_line(arm: dict[str, Any]) -> str | None:
         # written by every step whatever the context length.
         line += f"recurrent state per layer type: {states}; "
         line += f"states {cache.get('state_bytes', 0) / 2**20:.2f} MiB, "
+    if cache.get("indexer_bytes"):
+        # Sparse-attention (DSA) layers: the indexer's keys, one head, at the ring's slots.
+        line += f"indexer keys {cache['indexer_bytes'] / 2**20:.2f} MiB, "
     return line + f"{cache.get('total_bytes', 0) / 2**20:.2f} MiB in all"
 
 

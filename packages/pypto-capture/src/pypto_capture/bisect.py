@@ -215,7 +215,7 @@ def _mixers(layer: torch.nn.Module, kind: str | None) -> list[tuple[str, torch.n
             continue
         if kind == "state":
             role = "recurrent"
-        elif kind in ("attention", "shared"):
+        elif kind in ("attention", "indexed", "shared"):
             role = "attention"
         else:  # hybrid, stateless or unknown: by the child's own signs
             role = "attention" if _is_attention(name, child) else "recurrent"

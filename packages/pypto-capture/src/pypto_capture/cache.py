@@ -31,6 +31,16 @@ their layer type is the producer's. Sliding windows come from the prefill cache'
 and, where a layer there reports none (transformers 5.8 builds Gemma 4's prefill cache from
 plain full layers), from ``config.layer_types`` / ``config.sliding_window``.
 
+Layers that keep sparse-attention indexer keys (DeepSeek-V3.2-style DSA: GLM-MoE-DSA,
+HY-V4; transformers' ``DynamicIndexedLayer`` / ``StaticIndexedLayer``, whose
+``update_indexer`` takes ``[B, S, index_head_dim]`` keys and returns every cached one) hold
+a second buffer ``[B, L_i, index_head_dim]`` beside their ring, written at the same slots
+as the keys and returned whole, as transformers' static layer does: the indexer adds the
+layer's attention mask to its scores, so slots the mask hides are never selected. A model
+that also keeps a growing history of indexer positions (``indexer_position_ids``,
+Qwen4-exp, which re-rotates every cached key each step) cannot be held at a fixed shape and
+is refused in one line.
+
 Recurrent layers (Gated DeltaNet / KDA linear attention, Mamba / Mamba2 SSMs, LFM2's short
 convolutions: transformers 5.x ``LinearAttentionLayer``) keep no sequence axis at all: a
 conv state ``[B, channels, kernel]`` and a recurrent state of fixed shape (``[B, heads,
@@ -69,10 +79,11 @@ __all__ = [
     "static_cache_bytes",
 ]
 
-#: What a capture-safe cache layer holds: ``attention`` a K/V ring, ``state`` conv and
-#: recurrent states, ``hybrid`` both, ``shared`` nothing (reads another layer's ring: KV
+#: What a capture-safe cache layer holds: ``attention`` a K/V ring, ``indexed`` a K/V ring
+#: and the sparse-attention indexer's keys at the same slots, ``state`` conv and recurrent
+#: states, ``hybrid`` a ring and states, ``shared`` nothing (reads another layer's ring: KV
 #: sharing), ``none`` nothing (a block without sequence state, e.g. an MLP-only layer).
-LAYER_KINDS = ("attention", "state", "hybrid", "shared", "none")
+LAYER_KINDS = ("attention", "indexed", "state", "hybrid", "shared", "none")
 
 _CLASSES: dict[str, type] = {}
 
@@ -173,6 +184,66 @@ def capture_safe_cache_class() -> type:
         def reset(self) -> None:
             # Buffers are left as they are: every slot is rewritten before the mask exposes it.
             pass
+
+    class CaptureSafeIndexedLayer(CaptureSafeLayer):
+        """A ring plus the sparse-attention indexer's keys ``[B, L_i, index_head_dim]``,
+        written at the ring's slots (see the module docstring)."""
+
+        def __init__(self, cache_len: int, window: int | None, write_pos: torch.Tensor):
+            super().__init__(cache_len, window, write_pos)
+            self.indexer_keys: torch.Tensor | None = None
+            # Read by models that keep indexer positions; refused at load_prefill when set.
+            self.indexer_position_ids: torch.Tensor | None = None
+
+        def _slots(self, n: int) -> torch.Tensor:
+            if n == 1:
+                return torch.remainder(self.write_pos, self.max_cache_len)
+            return torch.remainder(
+                self.write_pos + torch.arange(n, device=self.write_pos.device), self.max_cache_len
+            )
+
+        def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
+            """Write the step's indexer keys at the ring's slots; every slot's, as
+            transformers' ``StaticIndexedLayer`` returns them (the mask hides the rest)."""
+            if self.indexer_keys is None:  # an eager call before load_prefill, never a capture
+                b, _, d = indexer_key_states.shape
+                self.indexer_keys = indexer_key_states.new_zeros((b, self.max_cache_len, d))
+            n = indexer_key_states.shape[1]
+            self.indexer_keys.index_copy_(1, self._slots(n), indexer_key_states)
+            return self.indexer_keys
+
+        def load_indexer(self, src: Any, p: int, layer: int) -> None:
+            """Copy a prefill layer's indexer keys (the prompt's ``p`` slots) into place."""
+            if getattr(src, "indexer_position_ids", None) is not None:
+                raise UnsupportedModelError(
+                    f"layer {layer} keeps a growing history of indexer positions "
+                    "(indexer_position_ids: every cached indexer key is re-rotated each step), "
+                    "which a fixed-shape captured step cannot hold; run this model's eager arm"
+                )
+            k = getattr(src, "indexer_keys", None)
+            if not isinstance(k, torch.Tensor) or k.dim() != 3 or k.shape[0] != self.keys.shape[0]:
+                raise UnsupportedModelError(
+                    f"prefill cache layer {layer} ({type(src).__name__}) holds no [B, S, D] "
+                    "indexer keys; this model's sparse-attention cache is not supported"
+                )
+            d = k.shape[-1]
+            if self.indexer_keys is None or self.indexer_keys.shape != (
+                k.shape[0],
+                self.max_cache_len,
+                d,
+            ):
+                self.indexer_keys = k.new_zeros((k.shape[0], self.max_cache_len, d))
+                _mark_static(self.indexer_keys)
+            n = min(int(k.shape[1]), self.max_cache_len)
+            idx = torch.remainder(torch.arange(p - n, p, device=k.device), self.max_cache_len)
+            self.indexer_keys.index_copy_(1, idx, k[:, -n:].to(self.indexer_keys.dtype))
+
+        def indexer_nbytes(self) -> int:
+            t = self.indexer_keys
+            return 0 if t is None else int(t.numel() * t.element_size())
+
+        def nbytes(self) -> int:
+            return super().nbytes() + self.indexer_nbytes()
 
     linear_base = _linear_layer_base()
 
@@ -315,6 +386,8 @@ def capture_safe_cache_class() -> type:
                 length = min(w, max_cache_len) if w else max_cache_len
                 if kind == "attention":
                     layers.append(CaptureSafeLayer(length, w, self.write_pos))
+                elif kind == "indexed":
+                    layers.append(CaptureSafeIndexedLayer(length, w, self.write_pos))
                 elif kind == "shared":
                     layers.append(CaptureSafeLayer(length, w, self.write_pos, holds_cache=False))
                 elif kind == "state":
@@ -430,6 +503,8 @@ def capture_safe_cache_class() -> type:
                 idx = torch.remainder(torch.arange(p - n, p, device=k.device), dst.max_cache_len)
                 dst.keys.index_copy_(2, idx, k.to(dst.keys.dtype))
                 dst.values.index_copy_(2, idx, v.to(dst.values.dtype))
+                if kind == "indexed":
+                    cast(Any, dst).load_indexer(src, p, i)
             am = attention_mask.to(device=self.device, dtype=torch.bool)
             self.kv_valid.fill_(True)
             self.kv_valid[:, :p].copy_(am)
@@ -474,8 +549,14 @@ def capture_safe_cache_class() -> type:
                         entry["value_head_dim"] = int(layer.values.shape[-1])
                     entry["kv_bytes"] = CaptureSafeLayer.nbytes(layer)
                     entry["bytes"] = layer.nbytes()
+                if kind == "indexed":
+                    indexed = cast(Any, layer)
+                    entry["indexer_bytes"] = indexed.indexer_nbytes()
+                    if indexed.indexer_keys is not None:
+                        entry["index_head_dim"] = int(indexed.indexer_keys.shape[-1])
                 layers.append(entry)
             state_bytes = self.state_nbytes()
+            indexer_bytes = self.indexer_nbytes()
             return {
                 "pattern": layer_pattern(self.layer_types),
                 "max_cache_len": self.capacity,
@@ -483,8 +564,9 @@ def capture_safe_cache_class() -> type:
                 "slots_per_type": dict(self.type_lengths),
                 "kinds": {k: self.kinds.count(k) for k in LAYER_KINDS if k in self.kinds},
                 "layers": layers,
-                "kv_bytes": self.nbytes() - state_bytes,
+                "kv_bytes": self.nbytes() - state_bytes - indexer_bytes,
                 "state_bytes": state_bytes,
+                "indexer_bytes": indexer_bytes,
                 "total_bytes": self.nbytes(),
             }
 
@@ -500,14 +582,25 @@ def capture_safe_cache_class() -> type:
                 if kind in ("state", "hybrid")
             )
 
+        def indexer_nbytes(self) -> int:
+            """Bytes of the sparse-attention indexer keys (``indexed`` layers)."""
+            return sum(
+                cast(Any, layer).indexer_nbytes()
+                for layer, kind in zip(self.layers, self.kinds, strict=True)
+                if kind == "indexed"
+            )
+
         def state_tensors(self) -> list[torch.Tensor]:
-            """Every tensor a decode step writes: the position, rings and recurrent states
-            (what a capture snapshots and restores around its warm-up runs)."""
+            """Every tensor a decode step writes: the position, rings, indexer keys and
+            recurrent states (what a capture snapshots and restores around its warm-up)."""
             tensors = [self.write_pos]
             for layer, kind in zip(self.layers, self.kinds, strict=True):
                 keys = getattr(layer, "keys", None)
-                if kind in ("attention", "hybrid") and keys is not None:
+                if kind in ("attention", "indexed", "hybrid") and keys is not None:
                     tensors += [keys, cast(Any, layer).values]
+                indexer = getattr(layer, "indexer_keys", None)
+                if kind == "indexed" and indexer is not None:
+                    tensors.append(indexer)
                 if kind in ("state", "hybrid"):
                     tensors += cast(Any, layer).state_tensors()
             return tensors
@@ -679,7 +772,8 @@ def _is_linear_layer(layer: Any) -> bool:
 def layer_kinds_of(prefilled: Any, consumers: list[bool]) -> list[str]:
     """What each layer of an eager prefill cache holds, as one of ``LAYER_KINDS``.
 
-    A linear-attention layer that is also an attention layer is ``hybrid``; a layer without
+    A linear-attention layer that is also an attention layer is ``hybrid``; an attention
+    layer whose prefill wrote sparse-attention indexer keys is ``indexed``; a layer without
     keys (transformers' ``DummyLayer``, or absent) is a KV-sharing consumer when the config
     says so and a stateless block (``none``) otherwise.
     """
@@ -694,7 +788,10 @@ def layer_kinds_of(prefilled: Any, consumers: list[bool]) -> list[str]:
         elif _is_linear_layer(src):
             kinds.append("none")  # 5.8 gives MLP / MoE blocks an empty linear layer
         elif src is not None and getattr(src, "keys", None) is not None:
-            kinds.append("attention")
+            indexer = getattr(src, "indexer_keys", None)
+            held = isinstance(indexer, torch.Tensor) and indexer.numel() > 0
+            held = held or getattr(src, "indexer_position_ids", None) is not None
+            kinds.append("indexed" if held else "attention")
         elif consumer:
             kinds.append("shared")
         elif src is None and i >= len(src_layers) and not any(consumers):
@@ -779,7 +876,9 @@ def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> in
 
     Per attention layer that keeps its own keys/values: ``batch x kv_heads x slots x
     (head_dim + value_head_dim) x element size``, slots ``min(window, max_cache_len)`` on
-    sliding layers and ``max_cache_len`` on the others; KV-sharing consumers and
+    sliding layers and ``max_cache_len`` on the others, plus ``batch x slots x
+    index_head_dim x element size`` where the layer keeps sparse-attention indexer keys;
+    KV-sharing consumers and
     recurrent layers (``linear_attention``, ``mamba``, ``conv``: fixed-size states) add
     nothing here. Python integers throughout: a hostile length cannot wrap.
     """
@@ -808,14 +907,30 @@ def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> in
     total = 0
     layer_types = _layer_types_of(text, n_layers)
     consumers = _config_kv_consumers(text, n_layers)
-    for layer_type, shared in zip(layer_types, consumers, strict=True):
+    indexers = _config_indexers(text, layer_types)
+    index_dim = _positive_int(getattr(text, "index_head_dim", None)) or 0
+    for layer_type, shared, indexed in zip(layer_types, consumers, indexers, strict=True):
         if shared or "attention" not in layer_type or layer_type.startswith("linear"):
             continue
         slots = (
             min(window, max_cache_len) if ("sliding" in layer_type and window) else max_cache_len
         )
         total += batch_size * kv_heads * slots * ((head_dim or 0) + value_dim) * element
+        if indexed:  # the sparse-attention indexer's keys: one head at the ring's slots
+            total += batch_size * slots * index_dim * element
     return total
+
+
+def _config_indexers(config: Any, layer_types: list[str]) -> list[bool]:
+    """Which layers keep sparse-attention indexer keys, from the config alone: those whose
+    ``indexer_types`` entry is ``full`` (``shared`` ones reuse another layer's selection),
+    or every ``indexed_attention`` layer when the config names no indexer types."""
+    kinds = getattr(config, "indexer_types", None)
+    if not _positive_int(getattr(config, "index_head_dim", None)):
+        return [False] * len(layer_types)
+    if isinstance(kinds, (list, tuple)) and len(kinds) >= len(layer_types):
+        return [k == "full" for k in kinds[: len(layer_types)]]
+    return [t == "indexed_attention" for t in layer_types]
 
 
 def _element_size(model: Any) -> int:

@@ -28,6 +28,7 @@ __all__ = [
     "ARCHITECTURES",
     "DECODER_ARCHITECTURES",
     "MATRIX_ARMS",
+    "SPARSE_ARCHITECTURES",
     "VL_ARCHITECTURES",
     "architecture_config",
     "available",
@@ -335,6 +336,87 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
             **_ATTN,
         },
     },
+    # Sparse attention with a DeepSeek-V3.2-style indexer (DSA): the indexer keeps its own
+    # keys in the cache (transformers' DynamicIndexedLayer). 16 indexer heads: the indexer
+    # sums ReLU'd per-head scores, and with few heads many positions score exactly 0, where
+    # top-k's choice among ties depends on how many candidates there are (a static cache
+    # has more: its empty slots), so tokens would differ for a reason that is not the port.
+    "glm_moe_dsa": {
+        "mixes": "MLA + DSA sparse attention (indexer keys in the cache) + MoE",
+        "sparse": True,
+        "config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "num_hidden_layers": 3,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "index_head_dim": 16,
+            "index_n_heads": 16,
+            "index_topk": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 512,
+        },
+    },
+    "hy_v4": {
+        "mixes": "MLA + DSA sparse attention (full and shared indexers) + MoE",
+        "sparse": True,
+        "config": {
+            "hidden_size": 64,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "num_hidden_layers": 3,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "index_head_dim": 16,
+            "index_n_heads": 16,
+            "index_topk": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 512,
+        },
+    },
+    "qwen4_exp_text": {
+        "mixes": "Gated DeltaNet + block-sparse attention (indexer keys and their positions "
+        "in the cache) + MoE",
+        "sparse": True,
+        "refused": {("decode", "graph"): "indexer_position_ids"},
+        "config": {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "full_attention_interval": 2,
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "indexer_head_dim": 16,
+            "indexer_n_heads": 4,
+            "indexer_kv_heads": 1,
+            "indexer_budget": 8,
+            "indexer_compress_ratio": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "hc_lowrank": 8,
+            **_ATTN,
+        },
+    },
     "qwen3_vl": {
         "mixes": "vision-language: Qwen3 text decoder (interleaved MRoPE) + ViT",
         "vl": True,
@@ -391,7 +473,11 @@ def expected_outcome(model_type: str, regime: str, arm: str) -> str | None:
     return refused.get((regime, arm))
 
 
-DECODER_ARCHITECTURES = tuple(k for k, v in ARCHITECTURES.items() if not v.get("vl"))
+DECODER_ARCHITECTURES = tuple(
+    k for k, v in ARCHITECTURES.items() if not v.get("vl") and not v.get("sparse")
+)
+#: Sparse-attention decoders (an indexer whose keys the cache keeps): decode, eager and graph.
+SPARSE_ARCHITECTURES = tuple(k for k, v in ARCHITECTURES.items() if v.get("sparse"))
 VL_ARCHITECTURES = tuple(k for k, v in ARCHITECTURES.items() if v.get("vl"))
 
 
