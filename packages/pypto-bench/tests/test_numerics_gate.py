@@ -181,3 +181,21 @@ def test_step_percentiles_are_nearest_rank_and_refuse_nothing():
     assert lat["steps"] == 100
     assert step_percentiles([]) is None
     assert step_percentiles([float("nan"), -1.0]) is None
+
+
+def test_a_failing_hf_compile_arm_names_the_peer_recipe_not_the_capture():
+    """hf-compile is transformers' own static cache + torch.compile (issue #44: GLM-MoE-DSA
+    at 81% of tokens): when it fails the gate, the suspect is the peer's recipe, said so,
+    and a failing graph arm without plug-ins still names the capture."""
+    from pypto_bench.numerics import Gate
+    from pypto_bench.report import ArmResult
+
+    peer = ArmResult(name="hf-compile", numerics={"verdict": "fail"})
+    graph = ArmResult(name="graph", numerics={"verdict": "fail"})
+    passing = ArmResult(name="pypto+graph", numerics={"verdict": "pass"})
+    # No reference, no context: locate() reads no model for arms without plug-in dumps.
+    Gate(None, None).locate([peer, graph, passing])
+    assert peer.numerics["suspect"]["what"] == "transformers' own compile recipe"
+    assert "not pypto-capture's graph" in peer.numerics["suspect"]["why"]
+    assert graph.numerics["suspect"]["what"] == "the capture"
+    assert "suspect" not in passing.numerics
