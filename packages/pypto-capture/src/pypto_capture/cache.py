@@ -21,7 +21,10 @@ sliding-window models (gemma3, mistral, qwen2 with sliding windows) cannot repla
 - the caller advances ``write_pos`` in place (``advance()``) between replays.
 
 Ring slots are safe for attention because rotary embeddings are applied before caching:
-key order does not matter, only which slots the mask lets through.
+key order does not matter, only which slots the mask lets through. A model that reads key
+positions off the cache instead (Inkling's relative-position bias takes
+``arange(kv_length) + kv_offset`` from ``get_mask_sizes``) gets a per-slot offset from a
+sliding layer, so every slot reads as the position it holds.
 
 Layers that *consume* another layer's keys/values (KV sharing, e.g. Gemma 3n / Gemma 4's
 ``num_kv_shared_layers``: transformers 5.24 gives them a ``DummyLayer`` without tensors,
@@ -159,8 +162,20 @@ def capture_safe_cache_class() -> type:
             self.values.index_copy_(2, idx, value_states)
             return self.keys, self.values
 
-        def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, int]:
-            return self.max_cache_len, 0
+        def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, Any]:
+            """(slots, offset): slot ``k`` holds position ``k + offset``. A full layer's
+            ring never wraps (offset 0); a sliding layer's does, so its offset is per slot,
+            a device tensor ``[L]``: ``a_k - k`` for the absolute position ``a_k`` slot
+            ``k`` holds at the current write position (as :meth:`decode_masks` computes).
+            Models that read positions off the cache (Inkling's relative-position bias:
+            ``arange(kv_length) + kv_offset``) then see each key's own position, whatever
+            the ring's order; a prebuilt mask never reaches here."""
+            n = self.max_cache_len
+            if not self.is_sliding:
+                return n, 0
+            c = self.write_pos
+            k = torch.arange(n, device=c.device)
+            return n, (c - torch.remainder(c - k, n)) - k
 
         def get_seq_length(self) -> Any:
             # A 0-d device tensor (like StaticLayer) so reading it never syncs the host.
