@@ -176,7 +176,11 @@ def test_bench_pypto_graph_arm_runs_the_kernel_on_every_replay(folders, tmp_path
     assert counts[4] - counts[2] >= 2, counts
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="the real pypto-bench CLI in a child process: a pypto+graph compile of a KDA or "
+    "Gated DeltaNet + MoE hybrid with the SIM kernel inside (63-66 s in a two-worker run, 92 s "
+    "with other work on the machine)"
+)
 @pytest.mark.parametrize(
     ("model_type", "op"),
     [
