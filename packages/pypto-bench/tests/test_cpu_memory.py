@@ -106,3 +106,36 @@ def test_read_rss_is_the_kernels_figure():
     assert peak is not None
     assert now is not None
     assert peak >= now > 0
+
+
+@linux_only
+def test_each_phase_has_its_own_peak():
+    """Peak memory per phase (issue #45): a 256 MiB buffer held only while capturing shows
+    in the capture phase's peak and not in the timed phase's (the peak is reset between)."""
+    import torch
+
+    from pypto_bench.protocol.base import Memory
+
+    mem = Memory(torch.device("cpu"))
+    big = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, touched
+    del big
+    mem.end_phase("capture")
+    small = torch.ones(1 << 20)  # 4 MiB
+    out = mem.result()
+    del small
+    capture, timed = out["phases"]["capture"], out["phases"]["timed"]
+    assert capture["rss_peak_bytes"] - timed["rss_peak_bytes"] > 200 << 20, (capture, timed)
+    assert timed["rss_peak_bytes"] == out["rss_peak_bytes"]  # the top level is the last phase
+
+
+@linux_only
+def test_the_report_shows_each_arm_s_peak_per_phase(decode_report):
+    report, path = decode_report
+    data = json.loads(path.read_text())
+    for arm in data["arms"]:
+        phases = arm["memory"]["phases"]
+        assert set(phases) == {"capture", "timed"}
+        assert phases["capture"]["rss_peak_bytes"] > 0
+        assert phases["timed"]["rss_peak_bytes"] == arm["memory"]["rss_peak_bytes"]
+    md = report_to_markdown(report)
+    assert md.count("peak memory per phase: capture ") == len(data["arms"])

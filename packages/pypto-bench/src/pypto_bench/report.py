@@ -580,7 +580,8 @@ def numerics_line(arm: dict[str, Any]) -> str | None:
 
 def step_latency_line(arm: dict[str, Any]) -> str | None:
     """``per-token latency p50 1.20 ms, p90 1.40 ms, p99 2.00 ms (11 steps, ...); first call
-    3.2 s`` (the cold start: capture or compile) where measured, else None."""
+    3.2 s; peak memory per phase: capture 812.0 MiB, timed 640.3 MiB`` (the cold start:
+    capture or compile, and each phase's own peak) where measured, else None."""
     lat = (arm.get("details") or {}).get("step_latency") or {}
     first = (arm.get("details") or {}).get("capture_s")
     parts = []
@@ -592,7 +593,21 @@ def step_latency_line(arm: dict[str, Any]) -> str | None:
         )
     if isinstance(first, (int, float)):
         parts.append(f"first call (capture / compile, the cold start) {first:.3g} s")
+    phases = (arm.get("memory") or {}).get("phases") or {}
+    peaks = [
+        f"{name} {_mib(_phase_peak(phases[name]))} MiB"
+        for name in ("capture", "timed")
+        if _phase_peak(phases.get(name) or {}) is not None
+    ]
+    if peaks:
+        parts.append("peak memory per phase: " + ", ".join(peaks))
     return "; ".join(parts) or None
+
+
+def _phase_peak(phase: dict[str, Any]) -> Any:
+    """A phase's peak: the allocator's where it keeps one, else the resident set's."""
+    peak = phase.get("peak_allocated")
+    return peak if peak is not None else phase.get("rss_peak_bytes")
 
 
 def perplexity_text(num: dict[str, Any]) -> str:

@@ -236,12 +236,14 @@ def run_interleaved(
         live: dict[str, _Built] = {}
         for arm in arms:
             loaded.restore()  # every arm builds on the model as loaded
+            mem = Memory(ctx.device)  # the build (capture / compile) is its first phase
             run = _build(ctx, arm, stack, on_failure)
             states.built(arm.name)
             # Before the arm's own context closes (LIFO), the model is in its state again.
             stack.callback(states.switch, arm.name)
             if run is not None:
-                live[arm.name] = _Built(arm=arm, run=run, mem=Memory(ctx.device))
+                mem.end_phase("capture")
+                live[arm.name] = _Built(arm=arm, run=run, mem=mem)
         names = [a.name for a in arms if a.name in live]
         order: list[Round] = []
         for name, r in balanced_order(names, cfg.warmup):

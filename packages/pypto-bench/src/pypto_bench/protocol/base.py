@@ -93,6 +93,10 @@ class Memory:
     reports 0, which reads as a measurement), so there ``peak_allocated`` /
     ``peak_reserved`` are None and the arm's figure is the process's resident-set peak
     (``rss_peak_bytes``, ``measure.RssPeak``), recorded on every device (host memory).
+
+    Phases: :meth:`end_phase` closes one (its peaks kept under ``phases``) and starts the
+    next from the memory in use, so an arm's capture or compile (its first call) and its
+    timed iterations each have their own peak; the top-level figures are the last phase's.
     """
 
     def __init__(self, device: Any) -> None:
@@ -100,24 +104,40 @@ class Memory:
 
         self.device = device
         self._stats = memory_stats
+        self._reset_peak = reset_peak_memory
         self._host = getattr(device, "type", str(device)) == "cpu"
         reset_peak_memory(device)
         self._rss = RssPeak()
         self.reserved: list[int] = []
+        self.phases: dict[str, dict[str, Any]] = {}
 
     def sample(self) -> None:
         self.reserved.append(int(self._stats(self.device).reserved))
 
-    def result(self) -> dict[str, Any]:
+    def _peaks(self) -> dict[str, Any]:
         stats = self._stats(self.device)
-        growth = (self.reserved[-1] - self.reserved[0]) if len(self.reserved) > 1 else 0
         return {
             "peak_allocated": None if self._host else int(stats.peak_allocated),
             "peak_reserved": None if self._host else int(stats.peak_reserved),
-            "reserved_per_iter": list(self.reserved),
-            "reserved_growth": int(growth),
             **self._rss.result(),
         }
+
+    def end_phase(self, name: str) -> None:
+        """Keep the peaks since the last phase began under ``phases[name]``; start anew."""
+        self.phases[name] = self._peaks()
+        self._reset_peak(self.device)
+        self._rss = RssPeak()
+
+    def result(self) -> dict[str, Any]:
+        growth = (self.reserved[-1] - self.reserved[0]) if len(self.reserved) > 1 else 0
+        out = {
+            **self._peaks(),
+            "reserved_per_iter": list(self.reserved),
+            "reserved_growth": int(growth),
+        }
+        if self.phases:
+            out["phases"] = {**self.phases, "timed": self._peaks()}
+        return out
 
 
 def tick(ctx: Context, arm: str, done: int) -> None:

@@ -232,6 +232,7 @@ def run_diffusion(ctx: Context, arm: ArmResult, mem: Memory) -> Any:
     out: Any = None
     if run.captures:  # compile/capture outside timing, like the decode runner
         _, arm.details["capture_s"] = timed(ctx.device, run)
+        mem.end_phase("capture")
     for i in range(cfg.warmup):
         run()
         tick(ctx, arm.name, i + 1)

@@ -220,6 +220,7 @@ def run_prefill(
         if arm.name == Arm.HF_COMPILE:
             with torch.inference_mode():
                 _, arm.details["capture_s"] = timed(ctx.device, fn)
+            mem.end_phase("capture")
         tokens = run_eager_prefill(ctx, arm, mem, fn)
         if after is not None:
             after(arm, fn)
