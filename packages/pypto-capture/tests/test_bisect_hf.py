@@ -222,3 +222,20 @@ def test_bisect_without_a_layer_list_says_what_it_needs(tmp_path):
         "LlamaModel; found children: embed_tokens (Embedding), layers (Sequential)"
     )
     assert "\n" not in message
+
+
+def test_a_spent_budget_starts_no_further_stage(llama):
+    """What runs after a failed arm is bounded (issue #44): once ``budget_s`` has gone, no
+    stage starts; each one left says why, and none is called failed."""
+    from pypto_capture import bisect_capture
+
+    result = bisect_capture(llama, backend="eager", budget_s=1e-9)
+    assert result.failed_stage is None
+    assert [s["ok"] for s in result.stages] == [None] * len(result.stages)
+    present = [s for s in result.stages if s["module"]]
+    assert [s["stage"] for s in present] == ["embed_norm", "attention", "layer"]
+    assert all("budget was spent" in s["error"] for s in present), present
+    assert result.stages[-1]["error"] == "not present in this model"  # llama has no MoE
+    for bad in (0, -1, float("nan"), "300"):
+        with pytest.raises(ValueError, match="budget_s"):
+            bisect_capture(llama, backend="eager", budget_s=bad)

@@ -107,6 +107,11 @@ IMAGE_CAPTURE_NOTE = (
 )
 
 
+#: Seconds the staged-capture bisect after a failed capture may start stages for (a stage
+#: started runs to its end): what runs after a failed arm is bounded too (issue #44).
+BISECT_BUDGET_S = 300.0
+
+
 def _record_failure(ctx: Context, arm: ArmResult, err: BaseException) -> None:
     import pypto_capture
     from pypto_capture import CaptureFailedError, explain_capture_error
@@ -144,7 +149,10 @@ def _record_failure(ctx: Context, arm: ArmResult, err: BaseException) -> None:
             # Bisect what failed: the fused arm's kernels stay switched on for it.
             with kernels_for(ctx, arm.name):
                 arm.bisect = bisect_capture(
-                    ctx.model, backend=ctx.config.graph_backend, device=ctx.device
+                    ctx.model,
+                    backend=ctx.config.graph_backend,
+                    device=ctx.device,
+                    budget_s=BISECT_BUDGET_S,
                 ).to_dict()
         except Exception as inner:
             arm.bisect = {

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -336,8 +337,14 @@ def bisect_capture(
     max_cache_len: int = 16,
     layer_index: int = 0,
     warmup: int = 1,
+    budget_s: float | None = None,
 ) -> BisectResult:
     """Capture each stage of ``model``'s decode path alone; name the first that fails.
+
+    ``budget_s``: no stage starts once this many seconds have gone since the bisect began;
+    the stages left are listed with ``ok`` None and the reason (a stage that has started
+    runs to its end: a compile cannot be interrupted safely in process). What runs after a
+    failed arm is then bounded like the arm itself.
 
     Raises :class:`UnsupportedModelError` ("bisect needs ...") when the model has no
     embedding or no layer list bisect can find, and :class:`CacheDoesNotFitError` when the
@@ -345,6 +352,9 @@ def bisect_capture(
     """
     from .decode import DecodeStepRunner  # local: pulls transformers-facing code
 
+    if budget_s is not None and not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ValueError(f"budget_s={budget_s!r}: pass a positive number of seconds or None")
+    started = time.monotonic()
     blocks = _find_blocks(model, layer_index)  # before any forward: say what is missing first
     dev = resolve_device(device)
     # a hostile --max-cache-len is refused here, not OOM-killed mid-allocation
@@ -484,6 +494,10 @@ def bisect_capture(
     for stage, info, build, why in plan:
         base = {"stage": stage, "module": None, "class": None, **info}
         fn: Callable[[], Any] | None = None
+        spent = time.monotonic() - started
+        if build is not None and budget_s is not None and spent >= budget_s:
+            why = f"not run: the bisect's {budget_s:g} s budget was spent ({spent:.0f} s)"
+            build = None
         if build is not None:
             try:
                 fn = build()
