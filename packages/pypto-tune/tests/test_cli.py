@@ -30,6 +30,8 @@ def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     for name in OUTPUTS:  # links planted at every output's name, to files outside --out
         (outside / name).write_text("keep me")
         (out / name).symlink_to(outside / name)
+    (outside / "torch").mkdir()  # and at the torch trace's folder, to a folder outside
+    (out / "torch").symlink_to(outside / "torch", target_is_directory=True)
     assert (
         main(["profile", "--model-path", str(tiny_llama), *FAST, "--out", str(out), "-q"])
         == EXIT.OK
@@ -37,12 +39,21 @@ def profiled(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-OUTPUTS = ("profile.json", "profile.md", "report.html", "trace.json", "breakdown.png")
+OUTPUTS = (
+    "profile.json",
+    "profile.md",
+    "report.html",
+    "trace.json",
+    "breakdown.png",
+)
 
 
 def test_profile_writes_every_output(profiled: Path):
     names = {p.name for p in profiled.iterdir()}
-    assert set(OUTPUTS) == names
+    assert {*OUTPUTS, "torch"} == names
+    assert [p.name for p in (profiled / "torch").iterdir()] == ["trace.json"]
+    assert not (profiled / "torch").is_symlink()
+    assert list((profiled.parent / "outside" / "torch").iterdir()) == []
     for name in OUTPUTS:  # the planted links were replaced, their targets untouched
         assert not (profiled / name).is_symlink()
         assert (profiled / name).is_file()
@@ -52,6 +63,27 @@ def test_profile_writes_every_output(profiled: Path):
     assert data["recommendations"]
     assert data["meta"]["command_line"][:2] == ["pypto-tune", "profile"]
     json.loads((profiled / "trace.json").read_text())
+
+
+def test_the_torch_trace_marks_every_profiled_step(profiled: Path):
+    """torch.profiler's own trace beside ours (issue #45), each step a ``ProfilerStep#<n>``
+    slice with the bounds of our step mark: what Holistic Trace Analysis's step-based
+    analyses need (``nox -s interop`` runs HTA on it)."""
+    events = json.loads((profiled / "torch" / "trace.json").read_text())["traceEvents"]
+    steps = [e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert [e["name"] for e in steps] == [f"ProfilerStep#{i}" for i in range(len(steps))]
+    marks = {
+        (e["ts"], e["dur"], e["pid"], e["tid"])
+        for e in events
+        if e.get("name") in ("pypto_tune.step", "pypto_capture::step")
+    }
+    assert steps
+    assert all(e["ph"] == "X" for e in steps)
+    assert all((e["ts"], e["dur"], e["pid"], e["tid"]) in marks for e in steps)
+    ends = [e["ts"] + e["dur"] for e in steps]
+    assert all(b["ts"] >= a_end for a_end, b in zip(ends[:-1], steps[1:], strict=True))
+    profile = json.loads((profiled / "profile.json").read_text())
+    assert len(steps) == profile["step"]["count"], (len(steps), profile["step"]["count"])
 
 
 def test_profile_json_on_stdout(tiny_llama: Path, capsys):

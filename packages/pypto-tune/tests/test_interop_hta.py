@@ -76,3 +76,42 @@ def test_what_hta_cannot_compute_on_a_cpu_trace(rank_traces: Path) -> None:
     ):
         with pytest.raises((IndexError, ValueError)):
             analysis(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hta1") / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    got = subprocess.run(
+        [TUNE, "profile", "--model-path", str(tiny_llama), "--device", "cpu",
+         "--regime", "decode", "--seq", "8", "--gen", "8", "--iters", "2", "--warmup", "1",
+         "--out", str(out), "-q"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    return out
+
+
+def test_hta_finds_every_step_of_a_one_process_profile(
+    one_process: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.profiler's own trace of a one-process profile, kept in DIR/torch with a
+    ``ProfilerStep#<n>`` per profiled step: HTA loads it as rank 0 and finds the steps
+    profile.json counts, each as long as our step."""
+    monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
+    ta = hta_analysis.TraceAnalysis(trace_dir=str(one_process / "torch"))
+    assert sorted(ta.t.traces) == [0]
+    profile = json.loads((one_process / "profile.json").read_text())
+    count = profile["step"]["count"]
+    assert count > 1
+    assert [int(s) for s in ta.get_profiler_steps()] == list(range(count))
+    symbols = ta.t.symbol_table.get_sym_table()
+    df = ta.t.get_trace(0)
+    names = df["name"].map(lambda i: symbols[i])
+    steps = df.loc[names.str.startswith("ProfilerStep#")]
+    assert len(steps) == count
+    # Each step's length is our step mark's: the samples profile.json keeps are taken from
+    # one forward to the next, so the marks are never longer than them.
+    samples = profile["step"]["time_us"]["samples"]
+    assert float(steps["dur"].sum()) <= sum(samples) * 1.001

@@ -76,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="write profile.json, profile.md, report.html (the diagnosis as one page), "
-        "trace.json (Perfetto) and breakdown.png here",
+        "trace.json (Perfetto), torch/trace.json (torch.profiler's own, ProfilerStep#N "
+        "marks: point HTA at DIR/torch) and breakdown.png here",
     )
     pr.add_argument(
         "--no-peaks",

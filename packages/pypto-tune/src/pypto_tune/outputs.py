@@ -29,6 +29,7 @@ from .summary import step_periods
 
 __all__ = [
     "MAX_PROFILE_BYTES",
+    "TORCH_TRACE_NAME",
     "chrome_trace",
     "layer_times",
     "load_profile",
@@ -373,10 +374,16 @@ def write_page(
     return _write(Path(path), "HTML report", lambda fh: fh.write(page))
 
 
+#: torch.profiler's own Chrome trace of a one-process profile, in a folder of its own: trace
+#: tools take a folder and read every JSON file in it as a trace (profile.json is not one).
+TORCH_TRACE_NAME = "torch/trace.json"
+
+
 def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
     """Everything for one profile in folder ``out``: profile.json, profile.md, report.html
     (the same diagnosis as one self-contained page), trace.json (when the raw trace is in
-    memory) and breakdown.png (when matplotlib is installed)."""
+    memory), torch/trace.json (torch.profiler's own trace, on CPU and CUDA) and
+    breakdown.png (when matplotlib is installed)."""
     import logging
 
     out = Path(out)
@@ -394,6 +401,20 @@ def write_outputs(p: Profile, out: str | Path) -> dict[str, str]:
     )
     if p.trace is not None:
         written["trace"] = str(write_chrome_trace(p, out / "trace.json"))
+        if p.trace.native_export is not None:
+            # The profiler's own trace beside ours, with ProfilerStep#<n> marks: what the
+            # field's trace tools (Holistic Trace Analysis, Perfetto) read as they are.
+            try:
+                folder = (out / TORCH_TRACE_NAME).parent
+                if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+                    folder.unlink()  # a planted link or file: replaced, its target untouched
+                folder.mkdir(exist_ok=True)
+                written["torch_trace"] = str(p.trace.native_export(out / TORCH_TRACE_NAME))
+            except OSError as err:
+                raise OutputWriteError(
+                    f"cannot write {out / TORCH_TRACE_NAME} ({err.strerror or err}): name a "
+                    "writable folder with --out"
+                ) from None
     written["html"] = str(
         write_page(
             p,

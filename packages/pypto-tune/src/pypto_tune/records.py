@@ -10,7 +10,9 @@ records. That is what keeps the NPU path from being a second implementation.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -115,6 +117,9 @@ class RawTrace:
     device_type: str
     backend: str
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Writes the profiler's own trace (torch.profiler's Chrome trace) to a path and returns
+    #: it; None where the backend keeps its own files (the NPU profiler's folder).
+    native_export: Callable[[Path], Path] | None = field(default=None, repr=False, compare=False)
 
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks|block|decoder_layers)\.(\d+)(?:\.|$)")
