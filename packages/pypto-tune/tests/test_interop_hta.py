@@ -23,19 +23,23 @@ hta_analysis = pytest.importorskip(
 TUNE = str(Path(sys.executable).parent / "pypto-tune")
 
 
-@pytest.fixture(scope="module")
-def rank_traces(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hta") / "out"
+def _profile(model: Path, out: Path, *extra: str) -> Path:
+    """`pypto-tune profile` of a short CPU decode into ``out`` (``extra``: e.g. --nproc 2)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     got = subprocess.run(
-        [TUNE, "profile", "--model-path", str(tiny_llama), "--device", "cpu", "--nproc", "2",
+        [TUNE, "profile", "--model-path", str(model), "--device", "cpu", *extra,
          "--regime", "decode", "--seq", "8", "--gen", "8", "--iters", "2", "--warmup", "1",
          "--out", str(out), "-q"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert got.returncode == 0, got.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def rank_traces(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _profile(tiny_llama, tmp_path_factory.mktemp("hta") / "out", "--nproc", "2")
 
 
 def test_hta_reads_every_rank_and_step_and_agrees_on_collective_time(
@@ -80,17 +84,7 @@ def test_what_hta_cannot_compute_on_a_cpu_trace(rank_traces: Path) -> None:
 
 @pytest.fixture(scope="module")
 def one_process(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("hta1") / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    got = subprocess.run(
-        [TUNE, "profile", "--model-path", str(tiny_llama), "--device", "cpu",
-         "--regime", "decode", "--seq", "8", "--gen", "8", "--iters", "2", "--warmup", "1",
-         "--out", str(out), "-q"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr[-3000:]
-    return out
+    return _profile(tiny_llama, tmp_path_factory.mktemp("hta1") / "out")
 
 
 def test_hta_finds_every_step_of_a_one_process_profile(

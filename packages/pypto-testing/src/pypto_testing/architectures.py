@@ -52,6 +52,29 @@ _GATED_DELTANET = {
     "linear_num_value_heads": 4,
 }
 
+# DeepSeek-V3.2-style sparse attention (GLM-MoE-DSA, HY-V4 share the config names): MLA
+# latents, a 16-head indexer picking 4 keys, a dense first layer then MoE.
+_DSA = {
+    "hidden_size": 64,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "index_head_dim": 16,
+    "index_n_heads": 16,
+    "index_topk": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+}
+
 # model type -> (what it mixes, config values). Values are the installed config class's own
 # argument names; widths are the smallest that keep every code path (GQA, grouped SSM heads,
 # MoE top-k < experts).
@@ -344,50 +367,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "glm_moe_dsa": {
         "mixes": "MLA + DSA sparse attention (indexer keys in the cache) + MoE",
         "sparse": True,
-        "config": {
-            "hidden_size": 64,
-            "intermediate_size": 64,
-            "moe_intermediate_size": 32,
-            "num_hidden_layers": 3,
-            "n_routed_experts": 8,
-            "num_experts_per_tok": 2,
-            "first_k_dense_replace": 1,
-            "q_lora_rank": 32,
-            "kv_lora_rank": 16,
-            "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 8,
-            "v_head_dim": 16,
-            "index_head_dim": 16,
-            "index_n_heads": 16,
-            "index_topk": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 512,
-        },
+        "config": _DSA,
     },
     "hy_v4": {
         "mixes": "MLA + DSA sparse attention (full and shared indexers) + MoE",
         "sparse": True,
-        "config": {
-            "hidden_size": 64,
-            "intermediate_size": 64,
-            "moe_intermediate_size": 32,
-            "num_hidden_layers": 3,
-            "n_routed_experts": 8,
-            "num_experts_per_tok": 2,
-            "first_k_dense_replace": 1,
-            "q_lora_rank": 32,
-            "kv_lora_rank": 16,
-            "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 8,
-            "v_head_dim": 16,
-            "index_head_dim": 16,
-            "index_n_heads": 16,
-            "index_topk": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 512,
-        },
+        "config": _DSA,
     },
     "qwen4_exp_text": {
         "mixes": "Gated DeltaNet + block-sparse attention (indexer keys and their positions "
