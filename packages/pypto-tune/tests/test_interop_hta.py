@@ -94,11 +94,16 @@ def test_hta_finds_every_step_of_a_one_process_profile(
     ``ProfilerStep#<n>`` per profiled step: HTA loads it as rank 0 and finds the steps
     profile.json counts, each as long as our step."""
     monkeypatch.setenv("HTA_DISABLE_NS_ROUNDING", "1")
-    ta = hta_analysis.TraceAnalysis(trace_dir=str(one_process / "torch"))
-    assert sorted(ta.t.traces) == [0]
+    folder = str(one_process / "torch")
     profile = json.loads((one_process / "profile.json").read_text())
     count = profile["step"]["count"]
     assert count > 1
+    # By default HTA drops a trace's last profiler step (a scheduled profiler's last one is
+    # often cut short): every step but the last, then every step when asked for it.
+    plain = hta_analysis.TraceAnalysis(trace_dir=folder)
+    assert [int(s) for s in plain.get_profiler_steps()] == list(range(count - 1))
+    ta = hta_analysis.TraceAnalysis(trace_dir=folder, include_last_profiler_step=True)
+    assert sorted(ta.t.traces) == [0]
     assert [int(s) for s in ta.get_profiler_steps()] == list(range(count))
     symbols = ta.t.symbol_table.get_sym_table()
     df = ta.t.get_trace(0)
