@@ -147,6 +147,7 @@ def test_tune_writes_the_profile_and_the_report_links_it(tuned):
         "markdown": str(tune_dir / "profile.md"),
         "html": str(tune_dir / "report.html"),
         "trace": str(tune_dir / "trace.json"),
+        "torch_trace": str(tune_dir / "torch" / "trace.json"),
         "plot": str(tune_dir / "breakdown.png"),
     }
 

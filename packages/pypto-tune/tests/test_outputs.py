@@ -130,14 +130,16 @@ def test_outputs_replace_planted_symlinks_and_leave_their_targets(tmp_path, eage
         (outside / name).write_bytes(b"keep me")
         (out / name).symlink_to(outside / name)
     written = write_outputs(eager_profile, out)
-    assert set(written) == {"profile", "markdown", "html", "trace", "plot"}
+    assert set(written) == {"profile", "markdown", "html", "trace", "torch_trace", "plot"}
     for name in OUTPUTS:
         assert (outside / name).read_bytes() == b"keep me", name
         assert not (out / name).is_symlink(), name
         assert (out / name).is_file(), name
     assert (out / "breakdown.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert load_profile(out / "profile.json").step_us == pytest.approx(eager_profile.step_us)
-    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # no temp files left
+    # no temp files left; torch.profiler's own trace in its folder
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUTS, "torch"])
+    assert [p.name for p in (out / "torch").iterdir()] == ["trace.json"]
     mode = (out / "profile.json").stat().st_mode & 0o777
     assert mode == 0o666 & ~_umask()  # what a plain open() would have given
 

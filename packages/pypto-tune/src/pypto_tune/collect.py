@@ -195,6 +195,7 @@ class TorchProfilerSession:
         detail = level == "detail"
         self.device_type = device_type
         self.level = level
+        self._torch_trace: str | None = None  # torch's Chrome trace, marked, once exported
         self._prof = torch.profiler.profile(
             activities=acts,
             record_shapes=detail,
@@ -271,7 +272,7 @@ class TorchProfilerSession:
             steps=steps,
             device_type=self.device_type,
             backend="torch.profiler",
-            native_export=self.export_torch_trace,
+            native_export=_SharedExport(self.export_torch_trace),
         )
 
     def export_torch_trace(self, path: Path) -> Path:
@@ -279,9 +280,15 @@ class TorchProfilerSession:
         marked ``ProfilerStep#<n>`` (what torch's scheduled profiler records, and what
         Holistic Trace Analysis's step-based analyses look for): a twin slice with the
         step's own bounds, on its track. Written whole or not at all."""
-        import json
-
         from pypto_common import atomic_write_text
+
+        if self._torch_trace is None:  # torch.profiler exports a session once, so keep it
+            self._torch_trace = self._marked_torch_trace()
+        atomic_write_text(path, self._torch_trace)
+        return path
+
+    def _marked_torch_trace(self) -> str:
+        import json
 
         with tempfile.TemporaryDirectory(prefix="pypto-tune-trace-") as tmp:
             raw = Path(tmp) / "trace.json"
@@ -315,8 +322,24 @@ class TorchProfilerSession:
             steps.append(e)
         for n, e in enumerate(steps):
             events.append({**e, "name": f"ProfilerStep#{n}", "cat": "user_annotation"})
-        atomic_write_text(path, json.dumps(data))
-        return path
+        return json.dumps(data)
+
+
+class _SharedExport:
+    """A session's trace writer on a :class:`RawTrace`: copies of the trace share it (the
+    profiler's result it reads cannot be copied), so a profile stays deep-copyable."""
+
+    def __init__(self, write: Callable[[Path], Path]) -> None:
+        self._write = write
+
+    def __call__(self, path: Path) -> Path:
+        return self._write(path)
+
+    def __copy__(self) -> _SharedExport:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _SharedExport:
+        return self
 
 
 def _op_extra(e: Any) -> dict[str, Any]:
