@@ -38,3 +38,22 @@ def test_uniform_models_keep_the_simple_formula(tmp_path):
     assert kv_bytes_per_token(model) == (
         2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "want"), [(16, 2 * 16 * 4), ("16", 0), (True, 0), (-16, 0), (float("nan"), 0)]
+)
+def test_indexer_bytes_count_layers_that_index_and_refuse_a_stranger_s_width(value, want):
+    """A DSA config: two layers run their own indexer, one reuses a selection; a width from
+    config.json that is not a positive whole number counts nothing and never raises."""
+    from transformers import PretrainedConfig
+
+    from pypto_bench.measure import indexer_bytes_per_token
+
+    cfg = PretrainedConfig(
+        num_hidden_layers=3,
+        layer_types=["indexed_attention"] * 3,
+        index_head_dim=value,
+        indexer_types=["full", "full", "shared"],
+    )
+    assert indexer_bytes_per_token(cfg, 4) == want

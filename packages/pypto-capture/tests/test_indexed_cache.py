@@ -122,3 +122,31 @@ def test_static_bytes_count_the_indexer_keys_of_layers_that_index():
     assert got - plain == 2 * B * L * D * 4  # two layers run their own indexer, fp32
     no_types = PretrainedConfig(**base, index_head_dim=D)
     assert static_cache_bytes(no_types, batch_size=B, max_cache_len=L) - plain == 3 * B * L * D * 4
+
+
+@pytest.mark.parametrize(
+    ("value", "types"),
+    [
+        ("16", ["full"] * 3),  # a string
+        (True, ["full"] * 3),  # a bool is not a width
+        (-4, ["full"] * 3),
+        (float("nan"), ["full"] * 3),
+        (D, "full"),  # indexer types not a list: the layer types decide (none indexed here)
+        (D, ["full"]),  # fewer entries than layers: the layer types decide
+    ],
+)
+def test_a_stranger_s_indexer_config_counts_no_bytes_it_does_not_prove(value, types):
+    """config.json is a stranger's file: an index_head_dim that is not a positive whole
+    number, or indexer types of the wrong shape, mark no layer (and never raise)."""
+    from transformers import PretrainedConfig
+
+    from pypto_capture import indexer_layers
+
+    types_ = ["full_attention"] * 3
+    cfg = PretrainedConfig(
+        num_hidden_layers=3, layer_types=types_, index_head_dim=value, indexer_types=types
+    )
+    assert indexer_layers(cfg, types_) == [False] * 3
+    assert static_cache_bytes(cfg, batch_size=B, max_cache_len=L) == static_cache_bytes(
+        PretrainedConfig(num_hidden_layers=3, layer_types=types_), batch_size=B, max_cache_len=L
+    )

@@ -72,8 +72,9 @@ _INKLING2 = dict(
     [("inkling2_text", "compile"), ("inkling2_loop_text", "eager")],
 )
 def test_inkling2_decodes_past_its_window_with_eager_s_tokens(model_type, backend):
-    """The relative-position bias past the window: greedy tokens equal generate's (the
-    captured step for Inkling-2, the same fixed-shape step uncaptured for its loop variant)."""
+    """The relative-position bias past the window: greedy tokens equal generate's and each
+    step's teacher-forced logits eager's (the captured step for Inkling-2, the same
+    fixed-shape step uncaptured for its loop variant)."""
     if importlib.util.find_spec(f"transformers.models.{model_type.removesuffix('_text')}") is None:
         pytest.skip(f"this transformers has no {model_type}")
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -90,10 +91,18 @@ def test_inkling2_decodes_past_its_window_with_eager_s_tokens(model_type, backen
     am = torch.ones_like(ids)
     with torch.no_grad():
         ref = model.generate(ids, attention_mask=am, max_new_tokens=12, do_sample=False)[:, 8:]
+        # eager's own logits over the prompt and its tokens (teacher forcing), step 0 the
+        # prompt's last position
+        full = torch.cat([ids, ref[:, :-1]], dim=1)
+        want = model(input_ids=full, attention_mask=torch.ones_like(full)).logits[:, 7:]
     with (
         apply_exact_moe(model),
         DecodeStepRunner(model, batch_size=1, max_cache_len=32, backend=backend) as runner,
     ):
         got = runner.generate(ids, am, max_new_tokens=12)
+        logits = runner.forced_logits(ids, am, ref)
     assert torch.equal(got.cpu(), ref), (got.tolist(), ref.tolist())
+    # Not only the argmax: every step's logits, fed eager's tokens, are eager's (fp32; the
+    # captured step differs by reduction order only).
+    torch.testing.assert_close(logits.cpu(), want, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()

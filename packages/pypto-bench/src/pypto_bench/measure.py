@@ -218,20 +218,17 @@ def kv_bytes_per_token(model: Any) -> int:
 
 
 def indexer_bytes_per_token(cfg: Any, elem: int) -> int:
-    """Sparse-attention indexer key bytes one token adds (DeepSeek-V3.2-style DSA: one
-    ``index_head_dim`` key per token on each layer that runs its own indexer, i.e. whose
-    ``indexer_types`` entry is ``full``; every ``indexed_attention`` layer when the config
-    names no indexer types). 0 for a model without an indexer."""
-    dim = getattr(cfg, "index_head_dim", None)
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-        return 0
-    kinds = getattr(cfg, "indexer_types", None)
-    if isinstance(kinds, (list, tuple)):
-        layers = sum(1 for k in kinds if k == "full")
-    else:
-        types = getattr(cfg, "layer_types", None) or []
-        layers = sum(1 for t in types if t == "indexed_attention")
-    return layers * dim * elem
+    """Sparse-attention indexer key bytes one token adds (DeepSeek-V3.2-style DSA): one
+    ``index_head_dim`` key on each layer that runs its own indexer
+    (:func:`pypto_capture.indexer_layers`, the rule the capture-safe cache holds them by).
+    0 for a model without an indexer."""
+    from pypto_capture import indexer_layers
+
+    layers = int(cfg.num_hidden_layers)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    types = (types + ["full_attention"] * layers)[:layers]
+    n = sum(indexer_layers(cfg, types))  # none unless index_head_dim is a positive int
+    return n * int(cfg.index_head_dim) * elem if n else 0
 
 
 def _kv_bytes_per_token(cfg: Any, elem: int) -> int:

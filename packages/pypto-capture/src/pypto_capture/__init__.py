@@ -24,6 +24,7 @@ from .bisect import MIXER_STAGE, STAGES, BisectResult, bisect_capture
 from .cache import (
     capture_safe_cache_class,
     check_cache_fits,
+    indexer_layers,
     make_capture_safe_cache,
     static_cache_bytes,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "exact_experts_forward",
     "explain_capture_error",
     "find_experts",
+    "indexer_layers",
     "layer_pattern",
     "load_local_model",
     "make_backend",

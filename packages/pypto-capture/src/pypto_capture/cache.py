@@ -77,6 +77,7 @@ __all__ = [
     "LAYER_KINDS",
     "capture_safe_cache_class",
     "check_cache_fits",
+    "indexer_layers",
     "layer_kinds_of",
     "make_capture_safe_cache",
     "static_cache_bytes",
@@ -150,17 +151,19 @@ def capture_safe_cache_class() -> type:
                 )
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[-2]
-            if n == 1:
-                idx = torch.remainder(self.write_pos, self.max_cache_len)
-            else:  # eager multi-token write (must not wrap the ring: n <= L_i)
-                idx = torch.remainder(
-                    self.write_pos + torch.arange(n, device=self.write_pos.device),
-                    self.max_cache_len,
-                )
+            idx = self._slots(key_states.shape[-2])
             self.keys.index_copy_(2, idx, key_states)
             self.values.index_copy_(2, idx, value_states)
             return self.keys, self.values
+
+        def _slots(self, n: int) -> torch.Tensor:
+            """Ring indices of the ``n`` tokens written at the device position (an eager
+            multi-token write must not wrap the ring: ``n <= L_i``)."""
+            if n == 1:
+                return torch.remainder(self.write_pos, self.max_cache_len)
+            return torch.remainder(
+                self.write_pos + torch.arange(n, device=self.write_pos.device), self.max_cache_len
+            )
 
         def get_mask_sizes(self, query_length: int, *args: Any) -> tuple[int, Any]:
             """(slots, offset): slot ``k`` holds position ``k + offset``. A full layer's
@@ -210,13 +213,6 @@ def capture_safe_cache_class() -> type:
             # Read by models that keep indexer positions; refused at load_prefill when set.
             self.indexer_position_ids: torch.Tensor | None = None
 
-        def _slots(self, n: int) -> torch.Tensor:
-            if n == 1:
-                return torch.remainder(self.write_pos, self.max_cache_len)
-            return torch.remainder(
-                self.write_pos + torch.arange(n, device=self.write_pos.device), self.max_cache_len
-            )
-
         def update_indexer(self, indexer_key_states: torch.Tensor) -> torch.Tensor:
             """Write the step's indexer keys at the ring's slots; every slot's, as
             transformers' ``StaticIndexedLayer`` returns them (the mask hides the rest)."""
@@ -227,8 +223,8 @@ def capture_safe_cache_class() -> type:
             self.indexer_keys.index_copy_(1, self._slots(n), indexer_key_states)
             return self.indexer_keys
 
-        def load_indexer(self, src: Any, p: int, layer: int) -> None:
-            """Copy a prefill layer's indexer keys (the prompt's ``p`` slots) into place."""
+        def load_indexer(self, src: Any, idx: torch.Tensor, layer: int) -> None:
+            """Copy a prefill layer's indexer keys into the slots ``idx`` its keys went to."""
             if getattr(src, "indexer_position_ids", None) is not None:
                 raise UnsupportedModelError(
                     f"layer {layer} keeps a growing history of indexer positions "
@@ -249,8 +245,12 @@ def capture_safe_cache_class() -> type:
             ):
                 self.indexer_keys = k.new_zeros((k.shape[0], self.max_cache_len, d))
                 _mark_static(self.indexer_keys)
-            n = min(int(k.shape[1]), self.max_cache_len)
-            idx = torch.remainder(torch.arange(p - n, p, device=k.device), self.max_cache_len)
+            n = int(idx.numel())
+            if k.shape[1] < n:
+                raise UnsupportedModelError(
+                    f"prefill cache layer {layer} holds {k.shape[1]} indexer keys for {n} "
+                    "cached keys; this model's sparse-attention cache is not supported"
+                )
             self.indexer_keys.index_copy_(1, idx, k[:, -n:].to(self.indexer_keys.dtype))
 
         def indexer_nbytes(self) -> int:
@@ -519,7 +519,7 @@ def capture_safe_cache_class() -> type:
                 dst.keys.index_copy_(2, idx, k.to(dst.keys.dtype))
                 dst.values.index_copy_(2, idx, v.to(dst.values.dtype))
                 if kind == "indexed":
-                    cast(Any, dst).load_indexer(src, p, i)
+                    cast(Any, dst).load_indexer(src, idx, i)
             am = attention_mask.to(device=self.device, dtype=torch.bool)
             self.kv_valid.fill_(True)
             self.kv_valid[:, :p].copy_(am)
@@ -922,7 +922,7 @@ def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> in
     total = 0
     layer_types = _layer_types_of(text, n_layers)
     consumers = _config_kv_consumers(text, n_layers)
-    indexers = _config_indexers(text, layer_types)
+    indexers = indexer_layers(text, layer_types)
     index_dim = _positive_int(getattr(text, "index_head_dim", None)) or 0
     for layer_type, shared, indexed in zip(layer_types, consumers, indexers, strict=True):
         if shared or "attention" not in layer_type or layer_type.startswith("linear"):
@@ -936,10 +936,11 @@ def static_cache_bytes(model: Any, *, batch_size: int, max_cache_len: int) -> in
     return total
 
 
-def _config_indexers(config: Any, layer_types: list[str]) -> list[bool]:
+def indexer_layers(config: Any, layer_types: list[str]) -> list[bool]:
     """Which layers keep sparse-attention indexer keys, from the config alone: those whose
     ``indexer_types`` entry is ``full`` (``shared`` ones reuse another layer's selection),
-    or every ``indexed_attention`` layer when the config names no indexer types."""
+    or every ``indexed_attention`` layer when the config names no indexer types; none
+    without a positive whole ``index_head_dim`` (a config is a stranger's file)."""
     kinds = getattr(config, "indexer_types", None)
     if not _positive_int(getattr(config, "index_head_dim", None)):
         return [False] * len(layer_types)

@@ -130,13 +130,10 @@ class Memory:
 
     def result(self) -> dict[str, Any]:
         growth = (self.reserved[-1] - self.reserved[0]) if len(self.reserved) > 1 else 0
-        out = {
-            **self._peaks(),
-            "reserved_per_iter": list(self.reserved),
-            "reserved_growth": int(growth),
-        }
+        peaks = self._peaks()
+        out = {**peaks, "reserved_per_iter": list(self.reserved), "reserved_growth": int(growth)}
         if self.phases:
-            out["phases"] = {**self.phases, "timed": self._peaks()}
+            out["phases"] = {**self.phases, "timed": dict(peaks)}
         return out
 
 
