@@ -176,3 +176,44 @@ def test_a_folder_that_ships_its_own_code_is_not_run(tiny, tmp_path, capsys):
         assert "--trust-remote-code" in err[0]
     assert not marker.exists()
     assert not (tmp_path / "d").exists()
+
+
+@pytest.fixture(scope="module")
+def rotary_pinned(tiny, tmp_path_factory) -> Path:
+    """The tiny folder pinned by pypto-patch (custom mode, an overlay) to a modeling file
+    whose layer 1 computes its rotary embedding with 4x the configured base, inline in its
+    attention: same module names, same weights, a wrong constant in the code."""
+    from pypto_patch import apply
+    from pypto_testing.planted import write_rotary_planted_code
+
+    root = tmp_path_factory.mktemp("rotary")
+    code = root / "modeling_planted.py"
+    auto_map = write_rotary_planted_code(code, layer=1, factor=4.0)
+    overlay = root / "overlay"
+    apply(tiny, auto_map={"AutoModelForCausalLM": auto_map},
+          copies={"modeling_planted.py": code}, output_dir=overlay)  # fmt: skip
+    return overlay
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["accumulated", "replay-inputs"])
+def test_a_pinned_file_with_a_wrong_rotary_base_in_one_layer_is_named(
+    tiny, rotary_pinned, tmp_path, capsys, replay
+):
+    """Did pinning change the numbers? The pinned overlay against the original folder: the
+    first diverging module is layer 1's attention, whose own code computed the rotary
+    embedding, not its output projection that was merely fed the wrong numbers."""
+    out = tmp_path / "check"
+    argv = ["check", "--model-path", str(rotary_pinned), "--trust-remote-code",
+            "--reference-model-path", str(tiny), "--out", str(out)]  # fmt: skip
+    assert main(argv + (["--replay-inputs"] if replay else [])) == EXIT.DIVERGED
+    report = json.loads((out / "check.json").read_text())
+    assert report["first_divergent"] == "model.layers.1.self_attn#0"
+    compared = json.loads((out / "modules" / "compare.json").read_text())
+    passed = {r["module"] for r in compared["rows"] if r["verdict"]["ok"]}
+    # layer 0 and layer 1's projections before the rotary embedding compute what they should
+    assert {"model.layers.0#0", "model.layers.1.self_attn.q_proj#0"} <= passed
+    err = capsys.readouterr().err
+    assert "first diverging module: model.layers.1.self_attn#0" in err
+    if replay:  # no leaf is wrong on its own: the attention's own code is
+        assert report["first_wrong_on_its_own"] is None
+        assert "look in model.layers.1.self_attn#0's own code" in err

@@ -321,6 +321,8 @@ class CheckCommand:
             line += f"; first diverging module: {first}"
         if report.get("first_wrong_on_its_own"):
             line += f"; wrong on its own: {report['first_wrong_on_its_own']}"
+        elif first and "local_compare" in report:
+            line += f"; no replayed leaf module is wrong on its own: look in {first}'s own code"
         print(f"pypto-precision: {line}", file=sys.stderr)
         return EXIT.OK if verdict.ok else EXIT.DIVERGED
 
@@ -339,7 +341,9 @@ class CheckCommand:
                 _loaded(args, path, device, dtype) as loaded,
                 _kernels(name == "target" and args.kernels, loaded),
             ):
-                _dump(loaded, ids, dumps / name, "tensor", args.replay_inputs,
+                # Inputs always: the locator tells a module fed wrong numbers from one
+                # making them (pypto_precision.Comparison.first_divergent).
+                _dump(loaded, ids, dumps / name, "tensor", True,
                       DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip
         result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
                                floor=read_dump(dumps / "floor"), rule=Rule(k=args.k))  # fmt: skip

@@ -8,7 +8,9 @@ the noise floor when a floor dump is given (the target's dtype on the reference 
 The *first diverging module* is the earliest output, in the target's execution order, that
 fails the rule: outputs arrive children before parents, so a wrong MLP in layer 3 is named
 as ``model.layers.3.mlp`` (its own output fails first), not as the final norm whose error
-is merely the largest. The largest error is reported too, separately.
+is merely the largest. With inputs recorded, a module whose own input already fails is
+passed over for the module that called it (the numbers went wrong in the caller's code
+between its children). The largest error is reported too, separately.
 """
 
 from __future__ import annotations
@@ -74,10 +76,32 @@ class Comparison:
 
     @property
     def first_divergent(self) -> Row | None:
-        """The earliest failing output in execution order (else the earliest failing row)."""
+        """The earliest failing output in execution order (else the earliest failing row).
+
+        When inputs were recorded and that module's own input already fails, it was fed
+        wrong numbers rather than making them: they were made by the code that called it
+        between its children (a rotary embedding computed inline in an attention block, a
+        residual add in a decoder layer), so the calling module is named instead."""
         outputs = [r for r in self.failed if r.io == "output"]
         pool = outputs or self.failed
-        return min(pool, key=lambda r: r.order) if pool else None
+        if not pool:
+            return None
+        first = min(pool, key=lambda r: r.order)
+        return self._caller_if_fed_wrong(first) if first.io == "output" else first
+
+    def _caller_if_fed_wrong(self, row: Row) -> Row:
+        fed_wrong = any(
+            r.io == "input" and r.module == row.module and r.order < row.order for r in self.failed
+        )
+        name = row.module.rsplit("#", 1)[0]
+        if not fed_wrong or "." not in name:
+            return row
+        caller = name.rsplit(".", 1)[0]
+        later = [
+            r for r in self.failed
+            if r.io == "output" and r.order > row.order and r.module.rsplit("#", 1)[0] == caller
+        ]  # fmt: skip
+        return min(later, key=lambda r: r.order) if later else row
 
     @property
     def worst(self) -> Row | None:

@@ -1,5 +1,6 @@
 """Planted numerical bugs: a kernel plug-in whose "fused MLP" of one layer is off by 1%,
-and a model whose MLP is off by 1% only when it is sharded (tensor parallel).
+a model whose MLP is off by 1% only when it is sharded (tensor parallel), and a pinned
+modeling file whose rotary base differs in one layer.
 
 Why one definition: the numerical gate (pypto-bench) and the precision check
 (pypto-precision) are both proven against the same wrong kernel, registered through the
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["OnePercentMLP", "plant_sharded_only_error"]
+__all__ = ["OnePercentMLP", "plant_sharded_only_error", "write_rotary_planted_code"]
 
 _SHARDED_ONLY = '''"""Planted by pypto_testing.planted: layer {layer}'s MLP output is scaled by {factor}
 only when this process holds a shard of the model (tensor parallel), as a mis-sharded
@@ -48,6 +49,52 @@ def plant_sharded_only_error(folder: Any, layer: int = 1, factor: float = 1.01) 
     cfg = json.loads((root / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_planted.ShardedOnlyErrorLlama"}
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+_ROTARY = '''"""Planted by pypto_testing.planted: a Llama whose layer {layer} computes its rotary
+embedding with base {factor} x the config's rope_theta, inline in its attention (no new
+module, no new weight: the folder's weights load exactly), as a ported modeling file with
+a wrong constant in one place would."""
+import torch
+from transformers.models.llama import modeling_llama
+
+
+def _base(config):
+    params = getattr(config, "rope_parameters", None) or {{}}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+class _ShiftedRopeAttention(modeling_llama.LlamaAttention):
+    def forward(self, hidden_states, position_embeddings=None, *args, **kwargs):
+        cos, sin = position_embeddings
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(hidden_states.shape[1], device=hidden_states.device)[None]
+        dim = cos.shape[-1]
+        base = _base(self.config) * {factor}
+        steps = torch.arange(0, dim, 2, dtype=torch.float, device=cos.device) / dim
+        freqs = positions[..., None].float() * (1.0 / (base**steps))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        shifted = (emb.cos().to(cos.dtype), emb.sin().to(sin.dtype))
+        return super().forward(hidden_states, shifted, *args, **kwargs)
+
+
+class RotaryPlantedLlama(modeling_llama.LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model.layers[{layer}].self_attn.__class__ = _ShiftedRopeAttention
+'''
+
+
+def write_rotary_planted_code(path: Any, layer: int = 1, factor: float = 4.0) -> str:
+    """Write a modeling file to ``path`` (pin it with pypto-patch's custom mode) whose
+    ``RotaryPlantedLlama`` computes layer ``layer``'s rotary embedding with ``factor`` x
+    the configured base; returns the ``auto_map`` value naming the class."""
+    from pathlib import Path
+
+    target = Path(path)
+    target.write_text(_ROTARY.format(layer=int(layer), factor=float(factor)))
+    return f"{target.stem}.RotaryPlantedLlama"
 
 
 class OnePercentMLP:
