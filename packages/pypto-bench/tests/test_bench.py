@@ -17,7 +17,7 @@ def test_decode_report_matches_schema_and_is_consistent(decode_report):
     data = json.loads(path.read_text())
     jsonschema.validate(data, schema())
     validate_report(data)
-    assert data["schema_version"] == SCHEMA_VERSION == "1.5"
+    assert data["schema_version"] == SCHEMA_VERSION == "1.6"
     assert data["regime"] == "decode"
     assert data["ok"] is True
     versions = data["environment"]["versions"]

@@ -147,7 +147,7 @@ def test_the_reference_dtype_follows_the_weight_size(tiny, tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from pypto_bench.precision import FLOAT64_REFERENCE_BELOW, reference_dtype
+    from pypto_bench.reference import FLOAT64_REFERENCE_BELOW, reference_dtype
 
     assert reference_dtype(tiny) == "float64"
     big = tmp_path / "big"

@@ -165,3 +165,35 @@ def test_changing_ignore_eos_invalidates_the_bench_step_only(tmp_path):
     assert off["smoke"] == on["smoke"]
     assert off["bench"] != on["bench"]
     assert not (tmp_path / "w" / MANIFEST_NAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "want"),
+    [([], None), (["--precision"], "cpu"), (["--precision", "--reference", "cuda:1"], "cuda:1")],
+)
+def test_precision_asks_the_bench_for_a_cpu_reference(extra, want):
+    from pypto_e2e.cli import build_parser, run_config_from_args
+
+    args = build_parser().parse_args(["run", "--model-id", "a/b", "--work-dir", "w", *extra])
+    assert run_config_from_args(args, ["pypto-e2e"]).bench.reference == want
+
+
+def test_a_run_with_precision_reports_the_reference_check(tmp_path, e2e_cli):
+    """The demo model through patch and bench with --precision: the bench report carries the
+    eager arm's check against the CPU float64 reference and report.md says it; the bench
+    step's inputs include it (a run without it is not reused)."""
+    model = tmp_path / "model"
+    shutil.copytree(demo_model_dir(), model)
+    work = tmp_path / "w"
+    argv = ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
+            "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
+            "--warmup", "0", "--iters", "1", "--no-bandwidth", "--precision"]  # fmt: skip
+    code, _, err = e2e_cli(*argv)
+    assert code == EXIT.OK, err
+    bench = json.loads((work / "report" / "bench.json").read_text())
+    check = bench["reference_check"]
+    assert check["verdict"] == "pass", check
+    assert check["device"] == "cpu"
+    assert check["dtype"] == "float64"
+    assert bench["config"]["reference"] == "cpu"
+    assert "`eager` numerics vs cpu float64: pass" in (work / "report" / "report.md").read_text()

@@ -198,6 +198,15 @@ _FLAGS: tuple[_Flag, ...] = (
         action="store_true",
     ),
     _Flag(
+        "reference",
+        "--reference",
+        "run: also check the eager arm's logits against the same folder on DEVICE (e.g. "
+        "cpu; float64 under 1 GB of weights, else float32), teacher-forced, judged against "
+        "the noise floor; a failure names the first diverging module and exits like a "
+        "numerics failure",
+        metavar="DEVICE",
+    ),
+    _Flag(
         "diffusion_steps",
         "--diffusion-steps",
         "denoising steps (default --gen)",

@@ -44,7 +44,7 @@ from .config import (
     Regime,
     Schedule,
 )
-from .errors import BadInputError, RegimeNotSupportedError
+from .errors import BadInputError, EnvironmentMissingError, RegimeNotSupportedError
 from .measure import (
     attention_flops_per_token,
     cache_bytes_probe,
@@ -189,6 +189,8 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
 
         check_model_folder(config.model_path)  # a bad folder is named before a bad report path
         check_report_path(config.report_file)
+    if config.reference:
+        _check_reference_device(config.reference)
     ctx, model_info, warnings = _load_context(config, progress)
     from pypto_capture import device_name
 
@@ -197,7 +199,9 @@ def run_bench(config: BenchConfig, *, progress: ProgressFn | None = None) -> Rep
     report.model = model_info
 
     load = LoadSampler()
-    _measure(ctx, report)
+    eager_ref = _measure(ctx, report)
+    if config.reference:
+        _reference_check(ctx, report, eager_ref)
     # The sweep's other batches: same model, same protocol, each its own prompt and arms.
     runs = [(config.batch, report)]
     for batch in config.sweep[1:]:
@@ -232,12 +236,40 @@ def run_sweep(
     return run_bench(replace(config, batch=batches[0], batches=batches), progress=progress)
 
 
-def _measure(ctx: Context, report: Report) -> None:
+def _check_reference_device(spec: str) -> None:
+    """``--reference DEVICE`` names a device that exists here, before anything loads."""
+    from pypto_capture import DeviceNotAvailableError, InvalidDeviceSpecError, resolve_device
+
+    try:
+        resolve_device(spec)
+    except InvalidDeviceSpecError as err:
+        raise BadInputError(f"--reference {spec}: {err}") from err
+    except DeviceNotAvailableError as err:
+        raise EnvironmentMissingError(f"--reference {spec}: {err}") from err
+
+
+def _reference_check(ctx: Context, report: Report, eager_ref: Any) -> None:
+    """``--reference DEVICE``: the eager arm against the reference device (after the arms:
+    the reference models load one at a time beside the target)."""
+    from .reference import reference_check
+    from .report import reference_line
+
+    report.reference_check = reference_check(ctx, eager_ref)
+    if report.reference_failed:
+        allowed = " (allowed by --allow-inaccurate)" if ctx.config.allow_inaccurate else ""
+        report.warnings.append(
+            f"eager: {reference_line(report.reference_check)}{allowed}: the target computes "
+            "something else than the reference device, in every arm"
+        )
+
+
+def _measure(ctx: Context, report: Report) -> Any:
     """Every requested arm at ``ctx``'s batch into ``report``: agreement, roofline, ratios.
 
     ``--schedule interleaved`` (default): every arm built, then timed in balanced rounds
     (:mod:`pypto_bench.rounds`); where that is unsafe, or with ``--schedule sequential``,
-    one arm after the other. ``report.schedule`` records which, and the order.
+    one arm after the other. ``report.schedule`` records which, and the order. Returns the
+    numerical gate's eager reference (None: no gate ran).
     """
 
     def failed(arm: ArmResult, err: BaseException) -> None:
@@ -285,6 +317,7 @@ def _measure(ctx: Context, report: Report) -> None:
     if ctx.config.regime == Regime.DECODE:
         _fill_roofline(ctx, report)
     report.finish()
+    return gate.ref if gate is not None else None
 
 
 def _numerics_gate(ctx: Context, report: Report) -> Any:

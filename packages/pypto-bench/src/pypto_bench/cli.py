@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from typing import Any, NoReturn
 
@@ -354,6 +355,26 @@ def _after_run(config: Any, args: argparse.Namespace, report: Any) -> int:
     if not report.ok:
         _err(f"arm(s) failed: {', '.join(report.failed_arm_causes)} (details in the report)")
         return EXIT.ARM_FAILED
+    if report.reference_failed:
+        from .report import reference_line
+
+        rc = report.reference_check or {}
+        line = reference_line(rc)
+        if config.allow_inaccurate:
+            _err(f"eager {line}: allowed by --allow-inaccurate")
+        else:
+            target = rc.get("target") or {}
+            check = shlex.join([
+                "pypto-precision", "check", "--model-path", str(config.model_path),
+                "--device", str(target.get("device")), "--dtype", str(target.get("dtype")),
+                "--reference-device", str(rc.get("device")), "--locate",
+                "--out", "precision-check",
+            ] + (["--trust-remote-code"] if config.trust_remote_code else []))  # fmt: skip
+            _err(
+                f"eager {line}: the target computes something else than the reference "
+                f"device; look there with `{check}`; --allow-inaccurate exits 0"
+            )
+            return EXIT.INACCURATE
     wrong = report.numerics_failed
     if wrong and config.allow_inaccurate:
         _err(

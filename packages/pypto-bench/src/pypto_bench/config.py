@@ -144,6 +144,9 @@ class BenchConfig:
     # ``--allow-inaccurate``: an arm the numerical gate fails (pypto_bench.numerics) is
     # still marked on every surface, but the run exits 0 and says the user allowed it.
     allow_inaccurate: bool = False
+    # ``--reference DEVICE`` (pypto_bench.reference): the eager arm's logits against the
+    # same folder on DEVICE (float64 under 1 GB of weights, else float32), teacher-forced.
+    reference: str | None = None
     diffusion_steps: int | None = None
     block_length: int | None = None
     report_file: str | None = None
@@ -229,6 +232,8 @@ class BenchConfig:
             raise BadInputError(f"--diffusion-steps must be >= 1 (got {self.diffusion_steps})")
         if self.image is not None:
             self._validate_image()
+        if self.reference is not None:
+            self._validate_reference()
         if self.block_length is not None and (
             self.block_length < 1 or self.gen % self.block_length
         ):
@@ -300,6 +305,22 @@ class BenchConfig:
                 f"(transformers has no compiled {self.regime} path): drop it from --arms"
             )
 
+    def _validate_reference(self) -> None:
+        if not isinstance(self.reference, str) or not self.reference.strip():
+            raise BadInputError("--reference needs a device: pass e.g. --reference cpu")
+        if self.regime not in (Regime.DECODE, Regime.PREFILL):
+            raise BadInputError(
+                f"--reference compares decode and prefill logits (the {self.regime} regime's "
+                "are not compared with a reference): drop --reference or pass --regime decode"
+            )
+        if self.multi_device_requested:
+            raise BadInputError(
+                "--reference runs in one process: check the 1-rank run with --reference, "
+                "then run --nproc (its ranks are judged against that 1-rank run)"
+            )
+        if self.image is not None:
+            raise BadInputError("--reference compares text runs: drop --image or --reference")
+
     def _validate_image(self) -> None:
         from .vision import check_image_file
 
@@ -363,6 +384,7 @@ class BenchConfig:
             "trust_remote_code": self.trust_remote_code,
             "ignore_eos": self.ignore_eos,
             **({"allow_inaccurate": True} if self.allow_inaccurate else {}),
+            **({"reference": self.reference} if self.reference else {}),
             "diffusion_steps": self.effective_diffusion_steps,
             "block_length": self.block_length,
             "measure_bandwidth": self.measure_bandwidth,

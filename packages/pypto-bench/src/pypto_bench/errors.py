@@ -77,7 +77,9 @@ EXIT = ExitCodeTable(
             "INACCURATE",
             "run: an arm failed the numerical gate (its logits differ from eager's beyond the "
             "dtype's allowance: it computes something else); it is marked 'numerics: fail' and "
-            "its ratios 'not comparable'; --allow-inaccurate exits 0 instead",
+            "its ratios 'not comparable'; or, with --reference DEVICE, the eager arm's logits "
+            "differ from the reference device's beyond the noise floor (the first diverging "
+            "module is named); --allow-inaccurate exits 0 instead",
         ),
         (
             111,

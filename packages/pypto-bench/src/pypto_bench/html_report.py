@@ -57,6 +57,7 @@ from .report import (
     mitigations_line,
     noise_lines,
     numerics_line,
+    reference_line,
     schedule_lines,
     step_latency_line,
     sweep_rows,
@@ -202,6 +203,11 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
             (bad if failing else fine).append(f"{a.get('name')}: {line}")
     if bad:
         out.append(box(bad, kind="bad", title="Numerics: arms that compute something else"))
+    check = data.get("reference_check")
+    ref_line = reference_line(check if isinstance(check, dict) else None)
+    ref_failed = isinstance(check, dict) and check.get("verdict") == "fail"
+    if ref_line and ref_failed:
+        out.append(box([f"eager: {ref_line}"], kind="bad", title="Numerics: the reference device"))
     noise = noise_lines(data)
     if noise:
         out.append(box(noise, kind="warn", title="Noise verdicts"))
@@ -215,6 +221,8 @@ def _attention(data: dict[str, Any]) -> list[Raw]:
         out.append(box(["no failed arm, no noise verdict, no warning"], kind="ok"))
     if fine:
         out.append(box(fine, kind="ok", title="Numerics (each arm against eager)"))
+    if ref_line and not ref_failed:
+        out.append(box([f"eager: {ref_line}"], kind="ok", title="Numerics: the reference device"))
     return out
 
 

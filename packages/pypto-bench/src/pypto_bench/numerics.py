@@ -42,6 +42,7 @@ __all__ = [
     "Reference",
     "arm_logits",
     "arm_numerics",
+    "dump_modules",
     "eager_reference",
     "half_floor",
     "judge_arm",
@@ -133,6 +134,9 @@ def teacher_forced_logits(ctx: Context, ref: Reference, model: Any = None) -> An
 
     model = ctx.model if model is None else model
     ids, mask = ctx.input_ids, ctx.attention_mask
+    param = next(model.parameters(), None)
+    if param is not None and param.device != ids.device:  # a reference on another device
+        ids, mask = ids.to(param.device), mask.to(param.device)
     n = 0
     if ref.tokens is not None:
         n = int((ref.tokens if ref.logits is None else ref.logits).shape[1])
@@ -441,7 +445,7 @@ class Gate:
         if num.get("verdict") == "fail" and arm.details.get("plugins"):
             folder = self._dir / f"eager-with-{len(self._kernel_dumps)}"
             try:
-                _dump_eager(self.ctx, folder, f"eager with {arm.name}'s plug-ins")
+                dump_modules(self.ctx, folder, f"eager with {arm.name}'s plug-ins")
                 self._kernel_dumps[arm.name] = folder
             except Exception as err:  # the locator is a help: its failure is said
                 num["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
@@ -494,7 +498,7 @@ class Gate:
             try:
                 if plain is None:
                     plain = self._dir / "eager"
-                    _dump_eager(self.ctx, plain, "eager")
+                    dump_modules(self.ctx, plain, "eager")
                 num["suspect"] = _kernel_suspect(arm, dump, plain)
             except Exception as err:
                 num["suspect"] = {"what": "unknown", "why": f"locator failed: {err}"}
@@ -507,16 +511,23 @@ class Gate:
             self._tmp = None
 
 
-def _dump_eager(ctx: Context, folder: Path, arm: str) -> None:
-    """Every module's output of one eager forward of the prompt's first row."""
+def dump_modules(
+    ctx: Context, folder: Path, arm: str, *, model: Any = None, with_inputs: bool = False
+) -> None:
+    """Every module's output (and inputs, ``with_inputs``) of one eager forward of the
+    prompt's first row by ``model`` (default: the context's), recorded into ``folder``."""
     import torch
 
     from pypto_precision import Recorder
 
-    ids = ctx.input_ids[:1]
+    model = ctx.model if model is None else model
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else ctx.input_ids.device
+    ids = ctx.input_ids[:1].to(device)
     meta = {"input_ids": ids.tolist(), "arm": arm}
-    with torch.inference_mode(), Recorder(ctx.model, folder, mode="tensor", meta=meta):
-        ctx.model(input_ids=ids, attention_mask=ctx.attention_mask[:1], use_cache=False)
+    recorder = Recorder(model, folder, mode="tensor", meta=meta, with_inputs=with_inputs)
+    with torch.inference_mode(), recorder:
+        model(input_ids=ids, attention_mask=ctx.attention_mask[:1].to(device), use_cache=False)
 
 
 def _kernel_suspect(arm: ArmResult, with_kernels: Path, plain: Path) -> dict[str, Any]:

@@ -46,13 +46,11 @@ from pypto_precision.cli import k_type
 
 from .errors import BadInputError, BenchError, EnvironmentMissingError
 from .loading import load_model
+from .reference import reference_dtype
 
-__all__ = ["CHECK", "DUMP", "CheckCommand", "DumpCommand", "reference_dtype"]
+__all__ = ["CHECK", "DUMP", "CheckCommand", "DumpCommand"]
 
 log = logging.getLogger(__name__)
-
-#: Models with fewer weight bytes (at float64) than this get a float64 reference.
-FLOAT64_REFERENCE_BELOW = 1 << 30
 
 
 def _precision_error(err: BenchError) -> PrecisionError:
@@ -202,15 +200,6 @@ class DumpCommand:
                   {"seed": args.seed, "requested_dtype": args.dtype})  # fmt: skip
         print(json.dumps({"dump": str(args.out), "tokens": len(ids)}))
         return EXIT.OK
-
-
-def reference_dtype(model_path: Path) -> str:
-    """float64 for a model under 1 GB of weights at float64, else float32."""
-    from .multi.fit import checkpoint_bytes
-
-    # (checkpoint_bytes knows the bench's dtypes: float32 bytes x 2 is the float64 size)
-    need = checkpoint_bytes(model_path, "float32")
-    return "float64" if need is not None and 2 * need < FLOAT64_REFERENCE_BELOW else "float32"
 
 
 class CheckCommand:

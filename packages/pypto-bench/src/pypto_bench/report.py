@@ -56,6 +56,7 @@ __all__ = [
     "numerics_line",
     "perplexity_text",
     "ratio_cell",
+    "reference_line",
     "report_to_markdown",
     "schedule_lines",
     "schema",
@@ -70,7 +71,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 
 def _empty_stats() -> dict[str, Any]:
@@ -147,6 +148,10 @@ class Report:
     #: step time / communication share / memory, the 1-rank baseline, scaling efficiency
     #: and agreement with it; None for a single-process run.
     distributed: dict[str, Any] | None = None
+    #: ``--reference DEVICE`` (pypto_bench.reference): the eager arm's logits against the
+    #: same folder on DEVICE, its verdict, the numbers and the first diverging module of a
+    #: failure; None without ``--reference`` (and in reports before 1.6).
+    reference_check: dict[str, Any] | None = None
     #: Where ``run_bench`` actually wrote the report (the fallback path when the asked
     #: one failed); not part of the document.
     written_to: Path | None = field(default=None, compare=False, repr=False)
@@ -195,6 +200,11 @@ class Report:
                 for other in self.arms:  # a ratio to a wrong peer is no ratio either
                     other.ratio_to_peer = other.ratio_vs_peer = None
         self.ok = not self.failed_arms
+
+    @property
+    def reference_failed(self) -> bool:
+        """``--reference``: the eager arm's logits failed against the reference device."""
+        return (self.reference_check or {}).get("verdict") == "fail"
 
     @property
     def numerics_failed(self) -> list[str]:
@@ -903,6 +913,9 @@ def format_table(report: Report | dict[str, Any]) -> str:
             lines.append(f"{arm['name']}: {first}")
             lines += [f"  {m}" for m in more]
     lines += _arm_lines(data, (numerics_line, step_latency_line), "{name}: {line}")
+    ref_line = reference_line(data.get("reference_check"))
+    if ref_line:
+        lines.append(f"eager: {ref_line}")
     lines += _sweep_lines(data)
     lines += _distributed_lines(data)
     return "\n".join(lines)
@@ -1096,6 +1109,9 @@ def report_to_markdown(report: Report | dict[str, Any]) -> str:
                 f"\n- `{arm['name']}`: outputs differ by design ({arm['outputs_differ_by_design']})"
             )
     lines += _arm_lines(data, (numerics_line, step_latency_line), "\n- `{name}` {line}")
+    ref_line = reference_line(data.get("reference_check"))
+    if ref_line:
+        lines.append(f"\n- `eager` {ref_line}")
     failed = [a for a in data["arms"] if not a["ok"]]
     for arm in failed:
         lines.append(f"\n- `{arm['name']}` failed: {arm.get('error')}")
@@ -1207,3 +1223,35 @@ def kv_cache_line(arm: dict[str, Any]) -> str | None:
 def mitigations_line(arm: dict[str, Any]) -> str | None:
     """The capture mitigations an arm applied (None when none)."""
     return _mitigations_line(arm)
+
+
+def reference_line(check: dict[str, Any] | None) -> str | None:
+    """``numerics vs cpu float64: pass (KL p99 3e-06, max 4e-06 vs floor 2e-06)``, or the
+    failure with its module; None when the run had no ``--reference``."""
+    if not isinstance(check, dict):
+        return None
+    verdict = str(check.get("verdict"))
+    where = f"numerics vs {check.get('device')} {check.get('dtype') or ''}".rstrip()
+    if verdict not in ("pass", "fail"):
+        return f"{where}: {verdict}: {check.get('why')}"
+    m = check.get("metrics") or {}
+    floor = (check.get("floor_metrics") or {}).get("kl_max")
+    text = (
+        f"{where}: {'pass' if verdict == 'pass' else 'FAIL'} (KL p99 {_gfmt(m.get('kl_p99'))}, max "
+        f"{_gfmt(m.get('kl_max'))} vs floor {_gfmt(floor)}, allowed {_gfmt(check.get('allowed_kl_max'))}; "
+        f"top-1 agreement {_pctfmt(m.get('top1_agreement'))})"
+    )
+    if verdict == "fail":
+        module = check.get("first_diverging_module")
+        text += f"; first diverging module: {module}" if module else ""
+        if check.get("locate_failed"):
+            text += f"; locator failed: {check['locate_failed']}"
+    return text
+
+
+def _gfmt(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "?"
+
+
+def _pctfmt(value: Any) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) else "?"

@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--fuse", action="store_true", help="also run pypto+graph and compare it with graph"
     )
     g.add_argument("--prompt", default=None, help="smoke-gate prompt")
+    g.add_argument(
+        "--precision",
+        action="store_true",
+        help="also check the eager arm's logits against a CPU reference (--reference cpu "
+        "unless --reference names another device); a failure fails the bench step",
+    )
     t = r.add_argument_group("tune (pypto-tune; needs pip install 'pypto-e2e[tune]')")
     t.add_argument(
         "--tune",
@@ -165,7 +171,9 @@ def run_config_from_args(args: argparse.Namespace, command_line: list[str]) -> R
         auto_map=_pairs(args.auto_map, "--auto-map"),
         copies=_pairs(args.copy, "--copy"),
         source_root=args.source_root,
-        bench=bench_config_from_args(args),
+        bench=bench_config_from_args(
+            args, **({"reference": "cpu"} if args.precision and not args.reference else {})
+        ),
         prompt=args.prompt,
         trust_remote_code=args.trust_remote_code,
         fuse=args.fuse,

@@ -240,6 +240,9 @@ def do_bench(state: RunState) -> StepResult:
     # the run like a failed arm, unless --allow-inaccurate (the report still marks it).
     if not bench_config.allow_inaccurate:
         failed += [f"{name} (numerics: fail)" for name in report.numerics_failed]
+        if report.reference_failed:
+            where = (report.reference_check or {}).get("device")
+            failed.append(f"eager (numerics vs the {where} reference: fail)")
     summary = f"arms failed: {', '.join(failed)}" if failed else "all arms ok"
     outputs: dict[str, Any] = {
         "report_json": str(written),

@@ -1,6 +1,8 @@
 """Planted numerical bugs: a kernel plug-in whose "fused MLP" of one layer is off by 1%,
-a model whose MLP is off by 1% only when it is sharded (tensor parallel), and a pinned
-modeling file whose rotary base differs in one layer.
+a model whose MLP is off by 1% only when it is sharded (tensor parallel), a model whose MLP
+is off by 1% only in the first copy a process loads (a target device's own kernels, where
+no second device exists), and a pinned modeling file whose rotary base differs in one
+layer.
 
 Why one definition: the numerical gate (pypto-bench) and the precision check
 (pypto-precision) are both proven against the same wrong kernel, registered through the
@@ -15,7 +17,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["OnePercentMLP", "plant_sharded_only_error", "write_rotary_planted_code"]
+__all__ = [
+    "OnePercentMLP",
+    "plant_first_load_error",
+    "plant_sharded_only_error",
+    "write_rotary_planted_code",
+]
 
 _SHARDED_ONLY = '''"""Planted by pypto_testing.planted: layer {layer}'s MLP output is scaled by {factor}
 only when this process holds a shard of the model (tensor parallel), as a mis-sharded
@@ -48,6 +55,41 @@ def plant_sharded_only_error(folder: Any, layer: int = 1, factor: float = 1.01) 
     (root / "modeling_planted.py").write_text(_SHARDED_ONLY.format(layer=layer, factor=factor))
     cfg = json.loads((root / "config.json").read_text())
     cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_planted.ShardedOnlyErrorLlama"}
+    (root / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+_FIRST_LOAD = '''"""Planted by pypto_testing.planted: the first copy of this model a process builds has
+layer {layer}'s MLP output scaled by {factor}; every later copy computes the model exactly.
+On a machine with one device this stands in for a target whose own kernels are wrong: the
+run's model (loaded first) is the target, the reference loaded after it is right."""
+from transformers import LlamaForCausalLM
+
+_BUILT = [0]
+
+
+class FirstLoadErrorLlama(LlamaForCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        _BUILT[0] += 1
+        if _BUILT[0] == 1:
+            self.model.layers[{layer}].mlp.register_forward_hook(lambda m, a, out: out * {factor})
+'''
+
+
+def plant_first_load_error(folder: Any, layer: int = 1, factor: float = 1.01) -> None:
+    """Turn a tiny Llama ``folder`` into one whose first copy in a process has layer
+    ``layer``'s MLP off by ``factor`` (``modeling_planted.py`` and ``auto_map``; loading it
+    needs ``--trust-remote-code``): ``pypto-bench run --reference cpu`` on one CPU holds a
+    wrong target against a right reference."""
+    import json
+    from pathlib import Path
+
+    root = Path(folder)
+    (root / "modeling_planted.py").write_text(
+        _FIRST_LOAD.format(layer=int(layer), factor=float(factor))
+    )
+    cfg = json.loads((root / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_planted.FirstLoadErrorLlama"}
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
 
 

@@ -35,6 +35,7 @@ _EXCLUDED_BENCH_FLAGS = [
     "report_file",
     "measure_bandwidth",
     "history",
+    "reference",  # a check of the numbers, not of the time: pypto-bench run --reference
 ]
 
 
