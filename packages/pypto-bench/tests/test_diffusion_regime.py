@@ -73,6 +73,10 @@ def test_llada2_runs_the_regime_with_its_captured_block_step(llada2_report, llad
     assert graph.details.get("moe_routing") == "exact"
     assert graph.details.get("moe_layers") == 2
     assert graph.token_match["rate"] == 1.0  # identical tokens, greedy, fp32
+    # the captured block step's logits against eager's, step by step (issue #42)
+    steps = eager.details["diffusion"]["denoising_steps_per_iter"][0]
+    assert graph.numerics["verdict"] == "pass", graph.numerics
+    assert graph.numerics["denoising_steps"] == {"compared": steps, "eager": steps}
     for arm in (eager, graph):
         diff = arm.details["diffusion"]
         # prompt 5 + gen 24 in blocks of 8: blocks 0..3 hold generated positions
@@ -221,10 +225,14 @@ def test_native_graph_arm_replays_one_captured_step_and_matches_eager(diffusion_
     )
     assert graph.details["backend"] == "compile"
     # one capture, replayed for every denoising step: 2 canvases x 4 steps, for the
-    # capturing call and the 2 measured iterations
+    # capturing call and the 2 measured iterations (the numerical gate's generation, after
+    # them, replays it too: not counted here)
     capture = diff["capture"]
     assert capture["captures"] == 1
     assert capture["replays"] == 3 * 8
+    # the denoiser's logits, step by step while fed eager's canvas: every step here
+    assert graph.numerics["verdict"] == "pass", graph.numerics
+    assert graph.numerics["denoising_steps"] == {"compared": 8, "eager": 8}
     assert capture["capture_s"] > 0
     assert (
         diff["denoising_steps_per_iter"] == eager.details["diffusion"]["denoising_steps_per_iter"]
@@ -420,3 +428,79 @@ def test_the_graph_arm_is_refused_past_the_sliding_window(tmp_path):
     assert not graph.ok
     assert "pass its sliding window (8)" in graph.error
     assert "keep --seq + --gen <= 8" in graph.error
+
+
+def _denoiser_run(folder: Path, arms: tuple[str, ...], **extra) -> object:
+    return run_bench(
+        BenchConfig(
+            model_path=str(folder),
+            regime="diffusion-generate",
+            seq=6,
+            gen=8,
+            batch=2,
+            arms=arms,
+            trust_remote_code=True,
+            diffusion_steps=4,
+            graph_backend="eager",
+            **{**SMALL, **extra},
+        )
+    )
+
+
+def test_the_denoiser_logits_of_every_step_are_judged(diffusion_model):
+    """The gate's diffusion check (issue #42): the graph arm's generation, same seed, each
+    denoising step held to eager's while both saw the same canvas: all 4 here."""
+    report = _denoiser_run(diffusion_model, ("eager", "graph"))
+    graph = report.arm("graph")
+    assert report.ok, graph.error
+    num = graph.numerics
+    assert num["verdict"] == "pass", num
+    assert num["denoising_steps"] == {"compared": 4, "eager": 4}
+    assert num["basis"].startswith("4 of 4 denoising steps fed the same canvas as eager's")
+    assert num["metrics"]["kl_max"] < 1e-9
+    assert num["metrics"]["steps"] == 2 * 4 * 14  # every row and position of each canvas
+    assert "graph: numerics pass" in format_table(report)
+
+
+def test_a_kernel_that_is_one_percent_off_fails_the_diffusion_arm(diffusion_model):
+    """The planted plug-in (layer 1's MLP x 1.01) on the pypto+graph arm: its sampled
+    tokens can still equal eager's; its denoiser logits cannot hide it."""
+    import pypto_bench
+    from pypto_testing.planted import OnePercentMLP
+
+    plugin = OnePercentMLP()
+    pypto_bench.register_plugin(plugin)
+    try:
+        report = _denoiser_run(diffusion_model, ("eager", "pypto+graph"))
+    finally:
+        pypto_bench.unregister_plugin(plugin)
+    arm = report.arm("pypto+graph")
+    assert arm.ok, arm.error
+    assert arm.numerics["verdict"] == "fail", arm.numerics
+    assert arm.numerics["metrics"]["kl_max"] > 1e-9
+    assert report.numerics_failed == ["pypto+graph"]
+    assert arm.ratio_to_eager is None  # not comparable
+
+
+def test_a_model_that_hides_its_steps_is_not_checked_and_says_why(tmp_path):
+    """A protocol model whose diffusion_generate names no step_observer: the arm is `not
+    checked`, with the reason, never silently passed."""
+    from pypto_testing.diffusion import make_tiny_diffusion_model
+
+    folder = make_tiny_diffusion_model(tmp_path / "m")
+    (folder / "modeling_hidden.py").write_text(
+        "from pypto_testing.diffusion import TinyDiffusionLM\n\n\n"
+        "class HiddenSteps(TinyDiffusionLM):\n"
+        "    def diffusion_generate(self, input_ids, *, gen_length, steps, block_length=None,"
+        " forward=None):\n"
+        "        return super().diffusion_generate(input_ids, gen_length=gen_length, "
+        "steps=steps, block_length=block_length, forward=forward)\n"
+    )
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"]["AutoModelForCausalLM"] = "modeling_hidden.HiddenSteps"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    report = _denoiser_run(folder, ("eager", "graph"))
+    graph = report.arm("graph")
+    assert graph.ok, graph.error
+    assert graph.numerics["verdict"] == "not checked"
+    assert "HiddenSteps.diffusion_generate takes no step_observer" in graph.numerics["why"]

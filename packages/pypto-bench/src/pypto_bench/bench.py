@@ -325,8 +325,6 @@ def _numerics_gate(ctx: Context, report: Report) -> Any:
     now on the model as loaded; None when no arm needs it."""
     from .numerics import Gate, eager_reference
 
-    if ctx.config.regime not in (Regime.DECODE, Regime.PREFILL):
-        return None
     if not any(name != Arm.EAGER for name in ctx.config.arms):
         return None
     try:
@@ -344,12 +342,7 @@ def _numerics_verdict(ctx: Context, report: Report) -> None:
         if arm.numerics is None and arm.ok and arm.name != Arm.EAGER:
             arm.numerics = {
                 "verdict": "exempt" if arm.outputs_differ_by_design else "not checked",
-                "why": arm.outputs_differ_by_design
-                or (
-                    f"the {ctx.config.regime} regime's logits are not compared yet (its tokens are)"
-                    if ctx.config.regime not in (Regime.DECODE, Regime.PREFILL)
-                    else "no eager reference (see the warnings)"
-                ),
+                "why": arm.outputs_differ_by_design or "no eager reference (see the warnings)",
             }
         num = arm.numerics or {}
         if num.get("verdict") != "fail":

@@ -14,7 +14,9 @@ Two kinds of model run in the regime, and the report says which path ran:
   ``path`` (which implementation ran), ``logits_finite``, ``capture_s``.
   Optional keywords, passed only when the method names them: ``step_backend`` (a
   pypto-capture graph backend: the model captures its own fixed-shape step, e.g. one
-  block against a KV cache) and ``ignore_eos`` (generate every position). Without
+  block against a KV cache), ``ignore_eos`` (generate every position) and
+  ``step_observer`` (called as ``step_observer(input_ids, logits)`` after every denoising
+  step's forward: the numerical gate's view of the denoiser, pypto_bench.denoiser). Without
   ``step_backend`` the graph arm passes ``forward``: a callable ``forward(input_ids [B, L])
   -> logits [B, L, V]`` (a captured whole-sequence forward) the model uses for every
   denoising step; a model that ignores it still runs (``forward_used: false``).
@@ -63,6 +65,7 @@ __all__ = [
     "diffusion_generate",
     "native_block_diffusion",
     "normalise_output",
+    "observes_steps",
     "read_diffusion_output",
     "supports_diffusion",
     "supports_protocol",
@@ -162,6 +165,7 @@ def diffusion_generate(
     step_backend: Any = None,
     ignore_eos: bool = False,
     native_step: CapturedDenoiserStep | None = None,
+    step_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> DiffusionOutput:
     """Run one generation on a protocol or native model; the answer normalised.
 
@@ -169,7 +173,9 @@ def diffusion_generate(
     tests) read one type whatever the model returns, and optional keywords are only passed
     to models that name them, so models that predate them keep working.
     ``native_step`` (a native model only) runs its static-cache ``generate`` with that
-    captured denoising step instead of the model's own compilation.
+    captured denoising step instead of the model's own compilation. ``step_observer(ids,
+    logits)`` sees every denoising step (:func:`observes_steps` says whether the model
+    lets it; a protocol model that does not name it is refused).
     """
     if supports_protocol(model):
         kwargs: dict[str, Any] = {
@@ -186,6 +192,10 @@ def diffusion_generate(
             kwargs["step_backend"] = step_backend
         if ignore_eos and "ignore_eos" in named:
             kwargs["ignore_eos"] = True
+        if step_observer is not None:
+            if "step_observer" not in named:
+                raise TypeError(f"{type(model).__name__}.diffusion_generate takes no step_observer")
+            kwargs["step_observer"] = step_observer
         return normalise_output(model.diffusion_generate(input_ids, **kwargs))
     if native_block_diffusion(model):
         return _native_generate(
@@ -195,8 +205,48 @@ def diffusion_generate(
             steps=steps,
             block_length=block_length,
             step=native_step,
+            observer=step_observer,
         )
     raise TypeError(unsupported_message(model))
+
+
+def observes_steps(model: Any) -> bool:
+    """Whether a denoising step's (input ids, logits) can be observed: a native class (its
+    denoiser is the model's own forward, called with ``decoder_input_ids``) or a protocol
+    model whose ``diffusion_generate`` names ``step_observer``."""
+    if supports_protocol(model):
+        return "step_observer" in _explicit_params(model.diffusion_generate)
+    return native_block_diffusion(model)
+
+
+@contextlib.contextmanager
+def _observed_denoiser(model: Any, observer: Callable[..., None] | None) -> Iterator[None]:
+    """A native model's denoising steps handed to ``observer``: ``model.forward`` as it is
+    now (the model's own, or a captured step installed in its place) wrapped for the block,
+    since ``generate`` calls ``self.forward`` with ``decoder_input_ids`` (no module hook
+    fires there); the encoder's calls pass none and are not observed."""
+    if observer is None:
+        yield
+        return
+    inner = model.forward
+    previous = model.__dict__.get("forward")
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        out = inner(*args, **kwargs)
+        ids = kwargs.get("decoder_input_ids")
+        logits = getattr(out, "logits", None)
+        if ids is not None and logits is not None:
+            observer(ids, logits)
+        return out
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del model.forward
+        else:
+            model.forward = previous
 
 
 def _native_generate(
@@ -207,6 +257,7 @@ def _native_generate(
     steps: int,
     block_length: int | None,
     step: CapturedDenoiserStep | None,
+    observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> DiffusionOutput:
     """transformers' own block-diffusion ``generate`` (DiffusionGemma's API)."""
     from .errors import BadInputError
@@ -228,14 +279,15 @@ def _native_generate(
         "return_dict_in_generate": True,
     }
     if step is None:
-        out = model.generate(input_ids, **kwargs)
+        with _observed_denoiser(model, observer):
+            out = model.generate(input_ids, **kwargs)
         how = "dynamic cache, eager"
     else:
         # The static cache gives every step one shape; the model's own compilation is off
         # (the captured step replaces its compiled decoder forward).
         kwargs["cache_implementation"] = "static"
         kwargs["disable_compile"] = True
-        with step.installed(model):
+        with step.installed(model), _observed_denoiser(model, observer):
             out = model.generate(input_ids, **kwargs)
         how = (
             f"static cache; one denoising step captured ({step.backend_name}) and replayed "

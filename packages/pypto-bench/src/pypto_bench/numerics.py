@@ -15,8 +15,8 @@ same inputs, judged by pypto-precision's rule (:func:`pypto_precision.judge_logi
 The reference is one untimed eager pass on the model as loaded, before any arm runs (its
 tokens are the eager arm's). An arm fails when its logits are non-finite or its KL max
 exceeds the dtype's allowance; the report carries the numbers it was judged against.
-Arms whose outputs differ by design (the static MoE proxy) are exempt and say so; the
-diffusion regime is not checked here yet and says so.
+Arms whose outputs differ by design (the static MoE proxy) are exempt and say so. The
+diffusion regime's denoiser is judged step by step (pypto_bench.denoiser).
 """
 
 from __future__ import annotations
@@ -100,12 +100,17 @@ def _dtype(ctx: Context) -> str:
     return str(next(ctx.model.parameters()).dtype).replace("torch.", "")
 
 
-def eager_reference(ctx: Context) -> Reference | None:
-    """The eager reference of this run's regime (None: a regime the gate does not check)."""
+def eager_reference(ctx: Context) -> Any:
+    """The eager reference of this run's regime: a :class:`Reference` (decode, prefill), a
+    :class:`~pypto_bench.denoiser.DenoiserReference` (diffusion), None (not checked)."""
     import torch
 
     regime = ctx.config.regime
     dtype = _dtype(ctx)
+    if regime == Regime.DIFFUSION:
+        from .denoiser import denoiser_reference
+
+        return denoiser_reference(ctx)
     if regime == Regime.DECODE:
         from .protocol.decode import generate_logits
 
@@ -252,7 +257,7 @@ def _step_latency(arm: ArmResult, seconds: list[float] | tuple[float, ...]) -> N
         arm.details["step_latency"] = summary
 
 
-def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) -> None:
+def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Any) -> None:
     """Judge ``arm``'s logits against ``ref`` and record the verdict in ``arm.numerics``.
 
     ``run`` is the arm's built iteration (what the rounds timed). Never raises: a check
@@ -263,6 +268,11 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
     if arm.name == Arm.EAGER or not precheck(ctx, arm, ref):
         return
     assert ref is not None  # precheck
+    from .denoiser import DenoiserReference
+
+    if isinstance(ref, DenoiserReference):
+        _judge_denoiser(ctx, arm, run, ref)
+        return
     try:
         logits, n, basis = arm_logits(ctx, arm, run, ref)
     except Exception as err:  # a check that cannot run is said, never fatal to the arm
@@ -270,6 +280,24 @@ def arm_numerics(ctx: Context, arm: ArmResult, run: Any, ref: Reference | None) 
         arm.numerics = {"verdict": "not checked", "why": f"{type(err).__name__}: {err}"}
         return
     judge_arm(arm, logits, n, basis, ref)
+
+
+def _judge_denoiser(ctx: Context, arm: ArmResult, run: Any, ref: Any) -> None:
+    """The diffusion regime: the arm's denoising steps against eager's (pypto_bench.denoiser)."""
+    from .denoiser import NotCompared, denoiser_logits
+
+    try:
+        logits, eager, basis, counts = denoiser_logits(ctx, run, ref)
+    except NotCompared as err:
+        arm.numerics = {"verdict": "not checked", "why": str(err)}
+        return
+    except Exception as err:  # a check that cannot run is said, never fatal to the arm
+        log.warning("%s: numerics not checked: %s", arm.name, err)
+        arm.numerics = {"verdict": "not checked", "why": f"{type(err).__name__}: {err}"}
+        return
+    judge_arm(arm, logits, None, basis, Reference(ref.regime, ref.dtype, eager))
+    if arm.numerics is not None:
+        arm.numerics["denoising_steps"] = counts
 
 
 def precheck(

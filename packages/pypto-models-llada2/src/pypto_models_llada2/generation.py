@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,11 +398,16 @@ def block_diffusion_generate(
     step_backend: Any = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    step_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> BlockDiffusionOutput:
     """Generate ``gen_length`` positions after ``input_ids`` (module docstring: the algorithm).
 
     ``step_backend`` (with ``use_cache``): a pypto-capture backend (or its name) that
     captures the one-block step once; None runs the same step eagerly.
+    ``step_observer(canvas, logits)``: called after every denoising step's forward with the
+    canvas up to the block's end (what the step saw, cached blocks included) and the block's
+    logits, before anything is committed; pypto-bench's numerical gate compares two runs'
+    steps with it. It must copy what it keeps (a captured step reuses its output buffer).
     """
     mask_id = int(mask_id if mask_id is not None else model.config.mask_token_id)
     _check_inputs(
@@ -469,6 +475,8 @@ def block_diffusion_generate(
                 )
                 logits = out.logits[:, -block_length:]
             finite &= torch.isfinite(logits).all()
+            if step_observer is not None:
+                step_observer(x[:, :hi], logits)
             tokens, conf = _predict(logits, temperature, generator)
             x[:, lo:hi] = select_commits(
                 block, tokens, conf, mask_id=mask_id, quota=quota, threshold=threshold

@@ -621,6 +621,7 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
         forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
         step_backend: Any = None,
         ignore_eos: bool = False,
+        step_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
         **kwargs: Any,
     ) -> Any:
         """pypto-bench's diffusion-generate protocol (``steps`` = the whole generation's budget).
@@ -631,6 +632,8 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
         a one-block forward against the block KV cache, which ``step_backend`` (a
         pypto-capture graph backend or its name) captures once; the answer's ``path`` says
         which ran. ``ignore_eos`` generates every block (no stop after the EOS block).
+        ``step_observer(canvas, logits)`` sees every denoising step (the numerical gate's
+        hook; see :func:`~pypto_models_llada2.generation.block_diffusion_generate`).
         """
         block_length = int(block_length or DEFAULT_BLOCK_LENGTH)
         per_block = steps_per_block_for(int(input_ids.shape[1]), gen_length, block_length, steps)
@@ -642,6 +645,7 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel):
             steps_per_block=per_block,
             eos_early_stop=not ignore_eos,
             step_backend=step_backend,
+            step_observer=step_observer,
             **kwargs,
         )
 

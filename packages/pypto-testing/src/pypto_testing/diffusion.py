@@ -71,9 +71,11 @@ class TinyDiffusionLM(LlamaForCausalLM):
         steps: int,
         block_length: int | None = None,
         forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        step_observer: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
         **_: Any,
     ) -> TinyDiffusionOutput:
-        """Unmask ``gen_length`` positions in ``steps`` steps, most confident first."""
+        """Unmask ``gen_length`` positions in ``steps`` steps, most confident first;
+        ``step_observer(canvas, logits)`` sees every step's input and logits."""
         block_length = block_length or gen_length
         if gen_length % block_length:
             raise ValueError("gen_length must be a multiple of block_length")
@@ -97,6 +99,8 @@ class TinyDiffusionLM(LlamaForCausalLM):
                 per_step[i] += 1
             for k in per_step:
                 logits = run(x)
+                if step_observer is not None:
+                    step_observer(x, logits)
                 done += 1
                 if k == 0:
                     continue

@@ -224,8 +224,12 @@ class DiffusionRun:
         return seqs[:, cfg.seq :]
 
 
-def run_diffusion(ctx: Context, arm: ArmResult, mem: Memory) -> Any:
-    """Warmup and timed generations of ``arm.name``; the generated tokens of the last."""
+def run_diffusion(
+    ctx: Context, arm: ArmResult, mem: Memory, after: Callable[..., None] | None = None
+) -> Any:
+    """Warmup and timed generations of ``arm.name``; the generated tokens of the last.
+    ``after(arm, run)``: called once the timed generations are done, the arm still built
+    (the numerical gate's denoiser check)."""
     cfg = ctx.config
     run = DiffusionRun(ctx, arm)
     samples: list[dict[str, Any]] = []
@@ -241,7 +245,10 @@ def run_diffusion(ctx: Context, arm: ArmResult, mem: Memory) -> Any:
         samples.append(diffusion_sample(ctx, out, seconds))
         mem.sample()
         tick(ctx, arm.name, cfg.warmup + i + 1)
-    return run.finish(arm, samples, out)
+    tokens = run.finish(arm, samples, out)
+    if after is not None:
+        after(arm, run)
+    return tokens
 
 
 def _default_path(plan: dict[str, Any], calls: dict[str, int]) -> str:
@@ -302,8 +309,10 @@ class DiffusionRegime(RegimeProtocol):
 
     regime = Regime.DIFFUSION.value
 
-    def run(self, ctx: Context, arm: ArmResult, mem: Memory) -> Any:
-        return run_diffusion(ctx, arm, mem)
+    def run(
+        self, ctx: Context, arm: ArmResult, mem: Memory, after: Callable[..., None] | None = None
+    ) -> Any:
+        return run_diffusion(ctx, arm, mem, after)
 
     def iteration(
         self, ctx: Context, arm: ArmResult
