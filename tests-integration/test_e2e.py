@@ -67,7 +67,7 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     assert lines[-1] == export_line("PYPTO_REPORT", work / "report" / "report.md")
     assert lines[0] == export_line("MODEL_PATH", work / "patched")
     assert _statuses(work) == {
-        **{s: "ok" for s in ("download", "patch", "smoke", "bench", "report")},
+        **{s: "ok" for s in ("download", "patch", "smoke", "precision", "bench", "report")},
         "tune": "not-needed",
     }
     report = json.loads((work / "report" / "bench.json").read_text())
@@ -86,11 +86,17 @@ def test_demo_runs_the_whole_workflow_offline(tmp_path):
     assert graph["perplexity"]["arm"] == pytest.approx(graph["perplexity"]["eager"], rel=1e-3)
     assert "`graph` numerics pass" in md
     assert "perplexity" in md
+    # the precision step: the demo's dtype against the CPU float64 reference, teacher-forced
+    check = json.loads((work / "report" / "precision" / "check.json").read_text())
+    assert check["ok"] is True
+    assert check["reference"]["dtype"] == "float64"
+    assert "`eager` numerics vs cpu float64: pass" in md
     # The run as one page beside report.md (issue #33), named on stderr; in a real
     # browser where Chromium is installed: offline, quiet, the arms table and the plot.
     page = work / "report" / "report.html"
     assert f"report page: {page}" in proc.stderr
     assert "PyptoDemoForCausalLM" in page.read_text()
+    assert "Numerics: the reference device" in page.read_text()
     if browser.skip_reason() is None:
         got = browser.open_page(page, screenshot=tmp_path / "demo.png")
         assert got.console_errors == [], got.console_errors
@@ -149,6 +155,7 @@ def test_tiny_model_bench_with_smoke_skipped_then_reused(hub, tmp_path):
         "download": "ok",
         "patch": "not-needed",
         "smoke": "skipped",
+        "precision": "ok",
         "bench": "ok",
         "tune": "not-needed",
         "report": "ok",

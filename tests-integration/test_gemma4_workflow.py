@@ -80,6 +80,7 @@ def test_e2e_runs_every_step_with_the_gemma4_preset(e2e_run):
         "download": "ok",
         "patch": "ok",
         "smoke": "skipped",
+        "precision": "ok",
         "bench": "ok",
         "tune": "not-needed",
         "report": "ok",

@@ -92,6 +92,7 @@ def test_e2e_benches_llada2_in_the_diffusion_regime(e2e_run):
         "download": "ok",
         "patch": "ok",
         "smoke": "skipped",
+        "precision": "not-needed",
         "bench": "ok",
         "tune": "not-needed",
         "report": "ok",

@@ -155,6 +155,15 @@ def _summarise(out: Path) -> list[str]:
                     f"{_f(arm['tokens_per_s'].get('best'), '.1f')} | "
                     f"{_f(share and share * 100, '.1f')} ({roof.get('binding', '-')}) | - | - | - |"
                 )
+        check = data.get("reference_check")
+        if isinstance(check, dict):
+            kl = (check.get("metrics") or {}).get("kl_max")
+            floor = (check.get("floor_metrics") or {}).get("kl_max")
+            lines.append(
+                f"| {path.stem} | eager vs {check.get('device')} {check.get('dtype')} | - | - | - "
+                f"| - | - | {check.get('verdict')} (KL {_f(kl, '.2g')}, floor {_f(floor, '.2g')} "
+                f"/ {_f(check.get('allowed_kl_max'), '.2g')}) |"
+            )
         for arm in data.get("arms", []):
             roof = (arm.get("roofline") or {}).get("fraction_of_ceiling")
             match = (arm.get("token_match") or {}).get("rate")
@@ -222,6 +231,16 @@ def main() -> int:
                "--arms", "eager,graph", "--batch", batches),
         180,
     )  # fmt: skip
+    # Is the device's eager arm right at all (issue #42)? The gate holds graph to eager on the
+    # device; --reference cpu holds eager to the CPU float32 copy, teacher-forced, in both
+    # half types.
+    for half in ("bfloat16", "float16"):
+        steps.run(
+            f"ref_05b_{half}",
+            _bench(m05, out / f"ref_05b_{half}.json", device, dtype if args.dry_run else half,
+                   min(gen, 32), 2, "--arms", "eager,graph", "--reference", "cpu"),
+            180,
+        )  # fmt: skip
     steps.run("build_hybrid", _build_arch(work, "hybrid", "qwen3_5_text", dtype, hybrid), 120)
     steps.run(
         "b1_hybrid",

@@ -167,33 +167,62 @@ def test_changing_ignore_eos_invalidates_the_bench_step_only(tmp_path):
     assert not (tmp_path / "w" / MANIFEST_NAME).exists()
 
 
-@pytest.mark.parametrize(
-    ("extra", "want"),
-    [([], None), (["--precision"], "cpu"), (["--precision", "--reference", "cuda:1"], "cuda:1")],
-)
-def test_precision_asks_the_bench_for_a_cpu_reference(extra, want):
-    from pypto_e2e.cli import build_parser, run_config_from_args
-
-    args = build_parser().parse_args(["run", "--model-id", "a/b", "--work-dir", "w", *extra])
-    assert run_config_from_args(args, ["pypto-e2e"]).bench.reference == want
-
-
-def test_a_run_with_precision_reports_the_reference_check(tmp_path, e2e_cli):
-    """The demo model through patch and bench with --precision: the bench report carries the
-    eager arm's check against the CPU float64 reference and report.md says it; the bench
-    step's inputs include it (a run without it is not reused)."""
+def test_the_precision_step_checks_the_eager_model_against_the_cpu(tmp_path, e2e_cli):
+    """The demo model through patch, precision and bench: the precision step (between smoke
+    and bench) compares the run's dtype with the CPU float64 reference, writes check.json
+    and check.md, and report.md and the page show its verdict; a second run reuses it."""
     model = tmp_path / "model"
     shutil.copytree(demo_model_dir(), model)
     work = tmp_path / "w"
     argv = ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
             "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
-            "--warmup", "0", "--iters", "1", "--no-bandwidth", "--precision"]  # fmt: skip
+            "--warmup", "0", "--iters", "1", "--no-bandwidth"]  # fmt: skip
     code, _, err = e2e_cli(*argv)
     assert code == EXIT.OK, err
-    bench = json.loads((work / "report" / "bench.json").read_text())
-    check = bench["reference_check"]
-    assert check["verdict"] == "pass", check
-    assert check["device"] == "cpu"
-    assert check["dtype"] == "float64"
-    assert bench["config"]["reference"] == "cpu"
-    assert "`eager` numerics vs cpu float64: pass" in (work / "report" / "report.md").read_text()
+    manifest = json.loads((work / MANIFEST_NAME).read_text())
+    from pypto_e2e.config import STEPS
+
+    assert STEPS.index("precision") == STEPS.index("smoke") + 1
+    assert manifest["steps"]["precision"]["status"] == "ok"
+    check = json.loads((work / "report" / "precision" / "check.json").read_text())
+    assert check["ok"] is True
+    assert check["reference"]["device"] == "cpu"
+    assert check["reference"]["dtype"] == "float64"  # a small model: the float64 reference
+    assert check["logits"]["metrics"]["kl_max"] < 1e-9  # float32 against float64
+    md = (work / "report" / "report.md").read_text()
+    assert "`eager` numerics vs cpu float64: pass" in md
+    page = (work / "report" / "report.html").read_text()
+    assert "Numerics: the reference device" in page
+    assert "precision/check.md" in page
+    code, _, err = e2e_cli(*argv)  # unchanged inputs: reused, not run again
+    assert code == EXIT.OK, err
+    assert "[precision] reused from the previous run" in err
+
+
+def test_a_precision_step_that_sees_non_finite_logits_stops_the_run(tmp_path, e2e_cli):
+    """A weight that holds an infinity (layer 1's MLP down projection): the logits are not
+    finite; the precision step fails the run before the bench (non-finite logits fail,
+    always), names check.md, and says how to go on anyway; --allow-inaccurate continues,
+    the verdict kept in the manifest."""
+    from safetensors.torch import load_file, save_file
+
+    from pypto_testing.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "inf", num_hidden_layers=2)
+    weights = load_file(str(model / "model.safetensors"))
+    weights["model.layers.1.mlp.down_proj.weight"][0, 0] = float("inf")
+    save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
+    work = tmp_path / "w"
+    argv = ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
+            "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
+            "--warmup", "0", "--iters", "1", "--no-bandwidth"]  # fmt: skip
+    code, _, err = e2e_cli(*argv)
+    assert code == EXIT.ARM_FAILED, err
+    assert "step 'precision' failed: the eager model's logits diverge from the CPU" in err
+    assert "non-finite" in err
+    assert (work / "report" / "precision" / "check.md").is_file()
+    assert not (work / "report" / "bench.json").exists()  # nothing measured
+    code, _, err = e2e_cli(*argv, "--allow-inaccurate")
+    manifest = json.loads((work / MANIFEST_NAME).read_text())
+    assert manifest["steps"]["precision"]["status"] == "ok"
+    assert "allowed by --allow-inaccurate" in manifest["steps"]["precision"]["note"]

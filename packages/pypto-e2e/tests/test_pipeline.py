@@ -20,7 +20,7 @@ from pypto_e2e import (
 from pypto_e2e.demo import demo_model_dir
 from pypto_e2e.demo_preset import PRESET
 
-ONLY_PATCH = ("download", "smoke", "bench")
+ONLY_PATCH = ("download", "smoke", "precision", "bench")
 
 
 @pytest.fixture
@@ -120,6 +120,7 @@ def test_patch_only_run_is_reused_then_rerun_when_forced(tmp_path, model_copy):
         "download": "skipped",
         "patch": "ok",
         "smoke": "skipped",
+        "precision": "skipped",
         "bench": "skipped",
         "tune": "not-needed",
         "report": "not-needed",

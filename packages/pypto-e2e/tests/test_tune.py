@@ -113,7 +113,7 @@ def test_tune_writes_the_profile_and_the_report_links_it(tuned):
 
     statuses = _statuses(work)
     order = [s["name"] for s in tuned["doc"]["steps"]]
-    assert order == ["download", "patch", "smoke", "bench", "tune", "report"]
+    assert order == ["download", "patch", "smoke", "precision", "bench", "tune", "report"]
     assert statuses["tune"] == "ok"
     assert statuses["report"] == "ok"
 

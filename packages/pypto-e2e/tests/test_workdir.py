@@ -21,7 +21,7 @@ import pytest
 from pypto_e2e import EXIT, MANIFEST_NAME
 from pypto_e2e.workdir import LOCK_NAME
 
-ONLY_PATCH = "download,smoke,bench"
+ONLY_PATCH = "download,smoke,precision,bench"
 SMOKE_RUN = [
     "--skip",
     "download,bench",

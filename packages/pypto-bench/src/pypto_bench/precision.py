@@ -48,7 +48,15 @@ from .errors import BadInputError, BenchError, EnvironmentMissingError
 from .loading import load_model
 from .reference import reference_dtype
 
-__all__ = ["CHECK", "DUMP", "CheckCommand", "DumpCommand"]
+__all__ = [
+    "CHECK",
+    "DUMP",
+    "CheckCommand",
+    "DumpCommand",
+    "check_line",
+    "reference_does_not_fit",
+    "run_check",
+]
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +210,146 @@ class DumpCommand:
         return EXIT.OK
 
 
+def _check(args: argparse.Namespace) -> dict[str, Any]:
+    """check.json's document for ``args`` (written with check.md into ``args.out``)."""
+    import torch
+
+    if args.out.exists() and any(args.out.iterdir()):
+        raise PrecisionError(f"{args.out}: exists and is not empty: pass a new --out")
+    ref_path = args.reference_model_path or args.model_path
+    ref_dtype = args.reference_dtype
+    if ref_dtype == "auto":
+        try:
+            ref_dtype = reference_dtype(ref_path)
+        except BenchError as err:
+            raise _precision_error(err) from err
+    # 1. the reference: its greedy tokens, then its logits over prompt + tokens
+    with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
+        ids = _input_ids(args, ref)
+        device = next(ref.model.parameters()).device
+        with torch.no_grad():
+            out = ref.model.generate(
+                torch.tensor([ids], device=device), max_new_tokens=args.gen,
+                do_sample=False, min_new_tokens=args.gen,
+            )  # fmt: skip
+        full = out[0].tolist()
+        ref_logits = _logits(ref, full, len(ids))
+    # 2. the target, and 3. the floor (the target's dtype on the reference device)
+    with (
+        _loaded(args, args.model_path, args.device, args.dtype) as target,
+        _kernels(args.kernels, target) as kernels,
+    ):
+        tgt_logits = _logits(target, full, len(ids))
+        if args.dtype == "auto":  # the folder's own dtype, named from here on
+            args.dtype = str(next(target.model.parameters()).dtype).replace("torch.", "")
+    # The floor is the *trusted* model in the target's dtype on the reference device:
+    # the reference folder, never the target's (a wrong target would excuse itself).
+    same_place = (
+        args.reference_device == args.device and ref_path == args.model_path and not kernels
+    )
+    if same_place:
+        floor_logits = tgt_logits
+    else:
+        with _loaded(args, ref_path, args.reference_device, args.dtype) as floor:
+            floor_logits = _logits(floor, full, len(ids))
+    metrics = logit_metrics(tgt_logits, ref_logits)
+    floor_metrics = logit_metrics(floor_logits, ref_logits)
+    verdict = judge_logits(metrics, args.dtype, floor=floor_metrics, k=args.k)
+    report: dict[str, Any] = {
+        "format": "pypto-precision-check", "version": 1, "ok": verdict.ok,
+        "target": {"model": str(args.model_path), "device": args.device, "dtype": args.dtype,
+                   "kernels": kernels},
+        "reference": {"model": str(ref_path), "device": args.reference_device,
+                      "dtype": ref_dtype},
+        "floor": {"model": str(ref_path), "device": args.reference_device,
+                  "dtype": args.dtype, "same_as_target": same_place},
+        "input_ids": ids, "teacher_tokens": full[len(ids):],
+        "logits": verdict.to_dict(), "floor_logits": floor_metrics.to_dict(),
+        "first_divergent": None,
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not verdict.ok or args.locate or args.replay_inputs:
+        report["first_divergent"], report["module_compare"], local = _locate(
+            args, ref_path, ref_dtype, ids
+        )
+        if local is not None:
+            report["first_wrong_on_its_own"], report["local_compare"] = local
+    atomic_write_text(args.out / "check.json", json.dumps(report, indent=1, allow_nan=False))
+    atomic_write_text(args.out / "check.md", _markdown(report))
+    return report
+
+
+def reference_does_not_fit(model_path: str | Path, reference_device: str = "cpu") -> str | None:
+    """Why a check of ``model_path`` would not fit ``reference_device``'s free memory (its
+    reference, float64 under 1 GB else float32, held with half as much again while the
+    next side loads), or None when it fits or cannot be told."""
+    from pypto_capture.device import free_bytes
+
+    from .multi.fit import checkpoint_bytes
+
+    try:
+        dtype = reference_dtype(Path(model_path))
+        need = checkpoint_bytes(Path(model_path), "float32")
+    except BenchError:
+        return None
+    if not need:
+        return None
+    need = need * (2 if dtype == "float64" else 1)
+    free = free_bytes(reference_device)
+    if free is None or need * 1.5 <= free:
+        return None
+    return (
+        f"the {reference_device} {dtype} reference needs {need / 2**30:.1f} GiB, "
+        f"{free / 2**30:.1f} GiB free there: run `pypto-precision check` on a larger host"
+    )
+
+
+def check_line(report: dict[str, Any]) -> str:
+    """The one line a check ends with: the verdict, its numbers, and the module."""
+    line = ("pass: " if report["ok"] else "DIVERGED: ") + str(report["logits"]["why"])
+    first = report.get("first_divergent")
+    if first:
+        line += f"; first diverging module: {first}"
+    if report.get("first_wrong_on_its_own"):
+        line += f"; wrong on its own: {report['first_wrong_on_its_own']}"
+    elif first and "local_compare" in report:
+        line += f"; no replayed leaf module is wrong on its own: look in {first}'s own code"
+    return line
+
+
+def run_check(
+    model_path: str | Path,
+    *,
+    out: str | Path,
+    device: str = "cpu",
+    dtype: str = "float32",
+    gen: int = 8,
+    seq: int = 16,
+    prompt: str | None = None,
+    seed: int = 0,
+    reference_device: str = "cpu",
+    reference_dtype: str = "auto",
+    reference_model_path: str | Path | None = None,
+    k: float = DEFAULT_K,
+    locate: bool = False,
+    replay_inputs: bool = False,
+    kernels: bool = False,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """``pypto-precision check`` as a library call (pypto-e2e's precision step): the check's
+    document (check.json and check.md are written into ``out``, which must not hold files).
+    ``dtype="auto"``: the folder's own dtype. Raises ``PrecisionError`` for bad input."""
+    args = argparse.Namespace(
+        model_path=Path(model_path), out=Path(out), device=device, dtype=dtype, gen=gen,
+        seq=seq, prompt=prompt, seed=seed, reference_device=reference_device,
+        reference_dtype=reference_dtype,
+        reference_model_path=Path(reference_model_path) if reference_model_path else None,
+        k=k, locate=locate, replay_inputs=replay_inputs, kernels=kernels,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+    return _check(args)
+
+
 class CheckCommand:
     """``pypto-precision check``: target vs reference logits, teacher-forced, and the first
     diverging module when they fail."""
@@ -240,116 +388,48 @@ class CheckCommand:
         p.add_argument("--json", action="store_true", help="print check.json on stdout")
 
     def run(self, args: argparse.Namespace) -> int:
-        import torch
-
-        if args.out.exists() and any(args.out.iterdir()):
-            raise PrecisionError(f"{args.out}: exists and is not empty: pass a new --out")
-        ref_path = args.reference_model_path or args.model_path
-        ref_dtype = args.reference_dtype
-        if ref_dtype == "auto":
-            try:
-                ref_dtype = reference_dtype(ref_path)
-            except BenchError as err:
-                raise _precision_error(err) from err
-        # 1. the reference: its greedy tokens, then its logits over prompt + tokens
-        with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
-            ids = _input_ids(args, ref)
-            device = next(ref.model.parameters()).device
-            with torch.no_grad():
-                out = ref.model.generate(
-                    torch.tensor([ids], device=device), max_new_tokens=args.gen,
-                    do_sample=False, min_new_tokens=args.gen,
-                )  # fmt: skip
-            full = out[0].tolist()
-            ref_logits = _logits(ref, full, len(ids))
-        # 2. the target, and 3. the floor (the target's dtype on the reference device)
-        with (
-            _loaded(args, args.model_path, args.device, args.dtype) as target,
-            _kernels(args.kernels, target) as kernels,
-        ):
-            tgt_logits = _logits(target, full, len(ids))
-        # The floor is the *trusted* model in the target's dtype on the reference device:
-        # the reference folder, never the target's (a wrong target would excuse itself).
-        same_place = (
-            args.reference_device == args.device and ref_path == args.model_path and not kernels
-        )
-        if same_place:
-            floor_logits = tgt_logits
-        else:
-            with _loaded(args, ref_path, args.reference_device, args.dtype) as floor:
-                floor_logits = _logits(floor, full, len(ids))
-        metrics = logit_metrics(tgt_logits, ref_logits)
-        floor_metrics = logit_metrics(floor_logits, ref_logits)
-        verdict = judge_logits(metrics, args.dtype, floor=floor_metrics, k=args.k)
-        report: dict[str, Any] = {
-            "format": "pypto-precision-check", "version": 1, "ok": verdict.ok,
-            "target": {"model": str(args.model_path), "device": args.device, "dtype": args.dtype,
-                       "kernels": kernels},
-            "reference": {"model": str(ref_path), "device": args.reference_device,
-                          "dtype": ref_dtype},
-            "floor": {"model": str(ref_path), "device": args.reference_device,
-                      "dtype": args.dtype, "same_as_target": same_place},
-            "input_ids": ids, "teacher_tokens": full[len(ids):],
-            "logits": verdict.to_dict(), "floor_logits": floor_metrics.to_dict(),
-            "first_divergent": None,
-        }  # fmt: skip
-        args.out.mkdir(parents=True, exist_ok=True)
-        if not verdict.ok or args.locate or args.replay_inputs:
-            report["first_divergent"], report["module_compare"], local = self._locate(
-                args, ref_path, ref_dtype, ids
-            )
-            if local is not None:
-                report["first_wrong_on_its_own"], report["local_compare"] = local
-        atomic_write_text(args.out / "check.json", json.dumps(report, indent=1, allow_nan=False))
-        atomic_write_text(args.out / "check.md", _markdown(report))
+        report = _check(args)
         if args.json:
             print(json.dumps(report, indent=1, allow_nan=False))
-        first = report["first_divergent"]
-        line = ("pass: " if verdict.ok else "DIVERGED: ") + verdict.why
-        if first:
-            line += f"; first diverging module: {first}"
-        if report.get("first_wrong_on_its_own"):
-            line += f"; wrong on its own: {report['first_wrong_on_its_own']}"
-        elif first and "local_compare" in report:
-            line += f"; no replayed leaf module is wrong on its own: look in {first}'s own code"
-        print(f"pypto-precision: {line}", file=sys.stderr)
-        return EXIT.OK if verdict.ok else EXIT.DIVERGED
+        print(f"pypto-precision: {check_line(report)}", file=sys.stderr)
+        return EXIT.OK if report["ok"] else EXIT.DIVERGED
 
-    def _locate(self, args: argparse.Namespace, ref_path: Path, ref_dtype: str,
-                ids: list[int]) -> tuple[str | None, str, tuple[str | None, str] | None]:  # fmt: skip
-        """Dump target, reference and floor (tensor mode, the prompt) and compare them; with
-        ``--replay-inputs`` also replay the reference's leaf modules on the target's inputs."""
-        dumps = args.out / "dumps"
-        sides = {
-            "reference": (ref_path, args.reference_device, ref_dtype),
-            "target": (args.model_path, args.device, args.dtype),
-            "floor": (ref_path, args.reference_device, args.dtype),
-        }
-        for name, (path, device, dtype) in sides.items():
-            with (
-                _loaded(args, path, device, dtype) as loaded,
-                _kernels(name == "target" and args.kernels, loaded),
-            ):
-                # Inputs always: the locator tells a module fed wrong numbers from one
-                # making them (pypto_precision.Comparison.first_divergent).
-                _dump(loaded, ids, dumps / name, "tensor", True,
-                      DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip
-        result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
-                               floor=read_dump(dumps / "floor"), rule=Rule(k=args.k))  # fmt: skip
-        write_reports(result, args.out / "modules")
-        log.info("modules: %s", summary_line(result))
-        first = result.first_divergent
-        local = None
-        if args.replay_inputs:
-            with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
-                replayed = replay_local_errors(ref.model, read_dump(dumps / "target"),
-                                               floor=read_dump(dumps / "floor"),
-                                               rule=Rule(k=args.k))  # fmt: skip
-            write_reports(replayed, args.out / "local")
-            log.info("local (replayed inputs): %s", summary_line(replayed))
-            wrong = replayed.first_divergent
-            local = (wrong.module if wrong else None), str(args.out / "local" / "compare.md")
-        return (first.module if first else None), str(args.out / "modules" / "compare.md"), local
+
+def _locate(args: argparse.Namespace, ref_path: Path, ref_dtype: str,
+            ids: list[int]) -> tuple[str | None, str, tuple[str | None, str] | None]:  # fmt: skip
+    """Dump target, reference and floor (tensor mode, the prompt) and compare them; with
+    ``--replay-inputs`` also replay the reference's leaf modules on the target's inputs."""
+    dumps = args.out / "dumps"
+    sides = {
+        "reference": (ref_path, args.reference_device, ref_dtype),
+        "target": (args.model_path, args.device, args.dtype),
+        "floor": (ref_path, args.reference_device, args.dtype),
+    }
+    for name, (path, device, dtype) in sides.items():
+        with (
+            _loaded(args, path, device, dtype) as loaded,
+            _kernels(name == "target" and args.kernels, loaded),
+        ):
+            # Inputs always: the locator tells a module fed wrong numbers from one
+            # making them (pypto_precision.Comparison.first_divergent).
+            _dump(loaded, ids, dumps / name, "tensor", True,
+                  DEFAULT_MAX_BYTES, {"seed": args.seed, "side": name})  # fmt: skip
+    result = compare_dumps(read_dump(dumps / "target"), read_dump(dumps / "reference"),
+                           floor=read_dump(dumps / "floor"), rule=Rule(k=args.k))  # fmt: skip
+    write_reports(result, args.out / "modules")
+    log.info("modules: %s", summary_line(result))
+    first = result.first_divergent
+    local = None
+    if args.replay_inputs:
+        with _loaded(args, ref_path, args.reference_device, ref_dtype) as ref:
+            replayed = replay_local_errors(ref.model, read_dump(dumps / "target"),
+                                           floor=read_dump(dumps / "floor"),
+                                           rule=Rule(k=args.k))  # fmt: skip
+        write_reports(replayed, args.out / "local")
+        log.info("local (replayed inputs): %s", summary_line(replayed))
+        wrong = replayed.first_divergent
+        local = (wrong.module if wrong else None), str(args.out / "local" / "compare.md")
+    return (first.module if first else None), str(args.out / "modules" / "compare.md"), local
 
 
 def _logits(loaded: Any, full: list[int], prompt: int) -> Any:

@@ -1,4 +1,4 @@
-"""The workflow as resumable steps: download -> patch -> smoke -> bench -> tune -> report.
+"""The workflow as resumable steps: download -> patch -> smoke -> precision -> bench -> tune -> report.
 
 Every step is a library call into the package that owns it (:mod:`pypto_e2e.steps`);
 this module runs them in order (the run state, :mod:`pypto_e2e.state`, decides what is
@@ -20,7 +20,15 @@ from .config import STEPS, RunConfig
 from .errors import E2EError
 from .manifest import MANIFEST_NAME
 from .state import RunState, StepOutcome
-from .steps import do_bench, do_download, do_patch, do_report, do_smoke, do_tune
+from .steps import (
+    do_bench,
+    do_download,
+    do_patch,
+    do_precision,
+    do_report,
+    do_smoke,
+    do_tune,
+)
 from .workdir import held_work_dir
 
 __all__ = ["MANIFEST_NAME", "STEPS", "RunResult", "RunState", "StepOutcome", "run"]
@@ -85,6 +93,7 @@ def _run_locked(config: RunConfig, progress: Callable[[str], None] | None) -> Ru
             state.run_step("download", do_download),
             state.run_step("patch", do_patch),
             state.run_step("smoke", do_smoke),
+            state.run_step("precision", do_precision),
             state.run_step("bench", do_bench),
             state.run_step("tune", do_tune),
             state.run_step("report", do_report),

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser(
-        "run", help="download -> patch -> smoke -> bench -> [tune] -> report (resumable)"
+        "run",
+        help="download -> patch -> smoke -> precision -> bench -> [tune] -> report (resumable)",
     )
     r.add_argument(
         "--model-id", help="ORG/REPO on the hub (or the mirror in --endpoint / HF_ENDPOINT)"
@@ -109,12 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--fuse", action="store_true", help="also run pypto+graph and compare it with graph"
     )
     g.add_argument("--prompt", default=None, help="smoke-gate prompt")
-    g.add_argument(
-        "--precision",
-        action="store_true",
-        help="also check the eager arm's logits against a CPU reference (--reference cpu "
-        "unless --reference names another device); a failure fails the bench step",
-    )
     t = r.add_argument_group("tune (pypto-tune; needs pip install 'pypto-e2e[tune]')")
     t.add_argument(
         "--tune",
@@ -171,9 +166,7 @@ def run_config_from_args(args: argparse.Namespace, command_line: list[str]) -> R
         auto_map=_pairs(args.auto_map, "--auto-map"),
         copies=_pairs(args.copy, "--copy"),
         source_root=args.source_root,
-        bench=bench_config_from_args(
-            args, **({"reference": "cpu"} if args.precision and not args.reference else {})
-        ),
+        bench=bench_config_from_args(args),
         prompt=args.prompt,
         trust_remote_code=args.trust_remote_code,
         fuse=args.fuse,

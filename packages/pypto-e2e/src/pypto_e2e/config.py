@@ -16,9 +16,14 @@ from pypto_bench import BenchConfig
 
 from .errors import BadRunInputError, E2EEnvironmentError, cause_of
 
-__all__ = ["STEPS", "TUNE_INSTALL", "RunConfig"]
+__all__ = ["PRECISION_CHECK", "STEPS", "TUNE_INSTALL", "RunConfig"]
 
-STEPS = ("download", "patch", "smoke", "bench", "tune", "report")
+STEPS = ("download", "patch", "smoke", "precision", "bench", "tune", "report")
+
+#: The precision step's check (pypto_bench.precision.run_check): a seeded prompt of ``seq``
+#: token ids, ``gen`` teacher-forced steps, against the same folder on the reference device
+#: (float64 under 1 GB of weights, else float32).
+PRECISION_CHECK: dict[str, object] = {"seq": 16, "gen": 8, "reference_device": "cpu"}
 
 #: What the tune step needs installed; named in the error when it is missing.
 TUNE_INSTALL = "pip install 'pypto-e2e[tune]'"

@@ -65,7 +65,8 @@ EXIT = ExitCodeTable(
             "ARM_FAILED",
             "the bench ran but at least one arm failed, or failed the numerical gate (it "
             "computes something else than eager; --allow-inaccurate lets it pass, marked); "
-            "the report says why",
+            "or the precision step found the eager model's logits diverge from the CPU "
+            "reference (report/precision/check.md names the module); the report says why",
         ),
         (66, "REPORT_FAILED", "the report could not be written or rendered"),
         (
@@ -93,6 +94,7 @@ STEP_TOOLS = {
     "download": ("pypto-download", "pypto_download"),
     "patch": ("pypto-patch", "pypto_patch"),
     "smoke": ("pypto-bench", "pypto_bench"),
+    "precision": ("pypto-precision", "pypto_precision"),
     "bench": ("pypto-bench", "pypto_bench"),
     "tune": ("pypto-tune", "pypto_tune"),
     "report": ("pypto-bench", "pypto_bench"),
@@ -103,6 +105,7 @@ STEP_CODES = {
     "download": EXIT.DOWNLOAD_FAILED,
     "patch": EXIT.PATCH_FAILED,
     "smoke": EXIT.SMOKE_FAILED,
+    "precision": EXIT.BENCH_FAILED,
     "bench": EXIT.BENCH_FAILED,
     "tune": EXIT.TUNE_FAILED,
     "report": EXIT.REPORT_FAILED,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pypto_common import redact, redact_argv
 
-from .config import RunConfig
+from .config import PRECISION_CHECK, RunConfig
 from .errors import E2EError, step_failure
 from .fingerprint import FolderFingerprint, fingerprint_folder, sha256_file
 from .manifest import MANIFEST_NAME, Manifest, changed_inputs, fingerprint
@@ -173,6 +173,16 @@ class RunState:
                 "prompt": c.prompt,
                 "trust_remote_code": self.trust_remote_code(),
             }
+        if name == "precision":
+            return {
+                "model": self.model_fingerprint(),
+                "device": c.bench.device,
+                "dtype": c.bench.dtype,
+                "seed": c.bench.seed,
+                "check": PRECISION_CHECK,
+                "allow_inaccurate": c.bench.allow_inaccurate,
+                "trust_remote_code": self.trust_remote_code(),
+            }
         if name == "bench":
             settings = c.bench_config(
                 model_path=None, report_file=None, trust_remote_code=self.trust_remote_code()
@@ -198,12 +208,20 @@ class RunState:
             "bench": self.outputs.get("bench", {}),
             "tune": self.outputs.get("tune", {}),
             "smoke": self.outputs.get("smoke", {}),
+            "precision": self.outputs.get("precision", {}),
             "patch": self.patch_summary(),
         }
 
     def outputs_valid(self, outputs: dict[str, Any]) -> bool:
         """A completed step's outputs are still there and (for folders) unchanged."""
-        for key in ("model_path", "report_json", "report_markdown", "report_html", "node_figures"):
+        for key in (
+            "model_path",
+            "report_json",
+            "report_markdown",
+            "report_html",
+            "node_figures",
+            "check_json",
+        ):
             value = outputs.get(key)
             if value and not Path(value).exists():
                 return False

@@ -1,4 +1,4 @@
-"""The six steps, each a library call into the package that owns the work.
+"""The seven steps, each a library call into the package that owns the work.
 
 A step returns ``(outputs, note)``; the step chain in :mod:`pypto_e2e.chain`
 records it. Typed errors of the step tools become :class:`StepFailedError` with the
@@ -31,6 +31,7 @@ __all__ = [
     "do_bench",
     "do_download",
     "do_patch",
+    "do_precision",
     "do_report",
     "do_smoke",
     "do_tune",
@@ -190,6 +191,86 @@ def do_smoke(state: RunState) -> StepResult:
             cause=cause_of("pypto-bench", "pypto_bench", result.exit_code),
         )
     return {"result": data}, f"{data.get('text', '')!r} (coherence {data.get('coherence')})"
+
+
+# --------------------------------------------------------------------------- precision
+
+
+def precision_dir(state: RunState) -> Path:
+    """Where the precision step's check.json, check.md and module compare go."""
+    return state.work_dir / "report" / "precision"
+
+
+def do_precision(state: RunState) -> StepResult:
+    """The eager model on the run's device and dtype against the same folder on the CPU
+    (float64 under 1 GB of weights, else float32), teacher-forced, judged against the noise
+    floor (``pypto-precision check``; pypto_bench.precision.run_check). A divergence fails
+    the run (unless ``--allow-inaccurate``): check.md names the first diverging module.
+    Skipped, said, when the reference would not fit the host's free memory."""
+    import shutil
+
+    from pypto_bench.precision import check_line, reference_does_not_fit, run_check
+    from pypto_precision import PrecisionError
+
+    from .config import PRECISION_CHECK
+
+    c = state.config
+    if c.bench.regime == "diffusion-generate":
+        return {"not_needed": True}, (
+            "not needed: the check compares causal logits; the diffusion regime's denoiser is "
+            "judged step by step in the bench's numerical gate"
+        )
+    path = state.model_path()
+    assert path is not None
+    trust = state.trust_for_load("precision")
+    check = dict(PRECISION_CHECK)
+    why = reference_does_not_fit(path, str(check["reference_device"]))
+    if why:
+        return {"not_needed": True}, f"skipped: {why}"
+    out = precision_dir(state)
+    shutil.rmtree(out, ignore_errors=True)  # the step owns it: a re-run starts clean
+    try:
+        report = run_check(
+            path,
+            out=out,
+            device=c.bench.device,
+            dtype=c.bench.dtype,
+            seq=int(str(check["seq"])),
+            gen=int(str(check["gen"])),
+            seed=c.bench.seed,
+            reference_device=str(check["reference_device"]),
+            trust_remote_code=trust,
+        )
+    except PrecisionError as err:
+        raise StepFailedError(
+            "precision",
+            str(err),
+            exit_code=EXIT.BENCH_FAILED,
+            resume="fix the cause, then re-run the same command (or --skip precision)",
+            cause=cause_of("pypto-precision", "pypto_precision", err.exit_code),
+        ) from err
+    line = check_line(report)
+    outputs: dict[str, Any] = {
+        "check_json": str(out / "check.json"),
+        "check_markdown": str(out / "check.md"),
+        "ok": bool(report["ok"]),
+        "line": line,
+        "reference": report["reference"],
+        "logits": report["logits"],
+        "floor_logits": report["floor_logits"],
+        "first_divergent": report.get("first_divergent"),
+    }
+    if not report["ok"] and not c.bench.allow_inaccurate:
+        raise StepFailedError(
+            "precision",
+            f"the eager model's logits diverge from the CPU reference: {line}",
+            exit_code=EXIT.ARM_FAILED,
+            resume=f"see {out / 'check.md'} and its module compare; --allow-inaccurate "
+            "continues to the bench, marked",
+            cause=cause_of("pypto-precision", "pypto_precision", 100),
+        )
+    allowed = " (allowed by --allow-inaccurate)" if not report["ok"] else ""
+    return outputs, line + allowed
 
 
 # --------------------------------------------------------------------------- bench
@@ -478,6 +559,11 @@ def do_report(state: RunState) -> StepResult:
     plot = report_dir / "tokens_per_s.png"
     smoke_result = state.outputs.get("smoke", {}).get("result")
     tune = state.outputs.get("tune", {})
+    precision = state.outputs.get("precision", {})
+    if precision.get("check_json") and not data.get("reference_check"):
+        # The precision step's verdict on the same surfaces as the bench's own --reference
+        # check (the bench JSON on disk is unchanged).
+        data = {**data, "reference_check": precision_as_reference_check(precision)}
     text = render_markdown(
         data,
         smoke_result,
@@ -492,6 +578,13 @@ def do_report(state: RunState) -> StepResult:
     page = report_dir / "report.html"
     tune_page = (tune.get("files") or {}).get("html") if not tune.get("not_needed") else None
     links = [("the diagnosis (pypto-tune)", _relative(tune_page, report_dir))] if tune_page else []
+    if precision.get("check_markdown"):
+        links.append(
+            (
+                "the precision check (pypto-precision)",
+                _relative(precision["check_markdown"], report_dir),
+            )
+        )
     html = report_to_html(
         redact_obj(data, state.secrets),
         json_href=_relative(report_json, report_dir),
@@ -517,6 +610,24 @@ def do_report(state: RunState) -> StepResult:
     if write_plot(data, plot):
         outputs["plot"] = str(plot)
     return outputs, f"wrote {markdown} and {page.name}"
+
+
+def precision_as_reference_check(precision: dict[str, Any]) -> dict[str, Any]:
+    """The precision step's outputs in the shape of a bench report's ``reference_check``."""
+    logits = precision.get("logits") or {}
+    reference = precision.get("reference") or {}
+    return {
+        "verdict": "pass" if precision.get("ok") else "fail",
+        "device": str(reference.get("device")),
+        "dtype": reference.get("dtype"),
+        "basis": "the precision step (pypto-precision check): the eager model, teacher-forced "
+        "on the reference's greedy tokens",
+        "allowed_kl_max": logits.get("allowed"),
+        "metrics": logits.get("metrics") or {},
+        "floor_metrics": precision.get("floor_logits") or {},
+        "why": str(logits.get("why")),
+        "first_diverging_module": precision.get("first_divergent"),
+    }
 
 
 def _relative(target: str | Path, folder: Path) -> str:
