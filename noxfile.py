@@ -503,6 +503,29 @@ def npu_api(session: nox.Session) -> None:
 
 
 @nox.session
+def zoo(session: nox.Session) -> None:
+    """The support matrix over the zoo: every causal-LM type of the installed transformers
+    built tiny from its own classes (pypto_testing.zoo), decode and prefill, eager and
+    graph, each type in its own bounded process (tools/zoo.py). Flags after ``--`` go to
+    tools/zoo.py: ``--shard 1/8`` (a CI-sized share), ``--types newest:20``, ``--backend
+    compile``, ``--peer`` (hf-compile); the matrix is written to docs/zoo.md."""
+    packages = _packages()
+    session.install(TORCH_PIN)
+    names = _local_closure("pypto-bench", packages, ())
+    names += [n for n in _local_closure("pypto-testing", packages, ("models",)) if n not in names]
+    _install_local(session, names, packages, {"pypto-testing": "models"})
+    out = ROOT / ".nox" / "zoo-out"
+    session.run("python", str(ROOT / "tools" / "zoo.py"), "--out", str(out), *session.posargs)
+    if not session.posargs:  # the whole zoo: its matrix is the documented one
+        session.run(
+            "python",
+            "-c",
+            f"import shutil; shutil.copy({str(out / 'zoo.md')!r}, "
+            f"{str(ROOT / 'docs' / 'zoo.md')!r})",
+        )
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """The README's main job on its embedded default: no network, no accelerator.
 

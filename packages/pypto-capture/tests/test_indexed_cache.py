@@ -150,3 +150,24 @@ def test_a_stranger_s_indexer_config_counts_no_bytes_it_does_not_prove(value, ty
     assert static_cache_bytes(cfg, batch_size=B, max_cache_len=L) == static_cache_bytes(
         PretrainedConfig(num_hidden_layers=3, layer_types=types_), batch_size=B, max_cache_len=L
     )
+
+
+def test_a_cache_api_the_layer_lacks_is_refused_in_one_line_and_probes_stay_false():
+    """DeepSeek-V4 calls `store_compression_weights` on its cache layer: a refusal naming
+    it (an UnsupportedModelError), still an AttributeError for a model that only asks
+    hasattr(); the layer's own not-yet-written state stays a plain AttributeError."""
+    from pypto_capture import CacheApiNotSupportedError, UnsupportedModelError
+
+    layer = _cache(["attention"]).layers[0]
+    with pytest.raises(
+        CacheApiNotSupportedError, match="calls `store_compression_weights`"
+    ) as info:
+        layer.store_compression_weights(torch.zeros(1))
+    assert isinstance(info.value, UnsupportedModelError)
+    assert isinstance(info.value, AttributeError)
+    assert "\n" not in str(info.value)
+    assert not hasattr(layer, "store_compression_weights")
+    assert getattr(layer, "compressed_keys", None) is None
+    with pytest.raises(AttributeError) as plain:
+        layer.__deepcopy_hook__  # noqa: B018 - a private name: a plain AttributeError
+    assert not isinstance(plain.value, CacheApiNotSupportedError)

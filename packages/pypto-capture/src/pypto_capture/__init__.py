@@ -40,6 +40,7 @@ from .device import (
     synchronize,
 )
 from .errors import (
+    CacheApiNotSupportedError,
     CacheDoesNotFitError,
     CaptureFailedError,
     CaptureUnsafeConfigError,
@@ -97,6 +98,7 @@ __all__ = [
     "STAGES",
     "STEP_MARKER",
     "BisectResult",
+    "CacheApiNotSupportedError",
     "CacheDoesNotFitError",
     "CaptureExplanation",
     "CaptureFailedError",

@@ -69,7 +69,7 @@ from typing import Any, cast
 
 import torch
 
-from .errors import UnsupportedModelError
+from .errors import CacheApiNotSupportedError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,16 @@ __all__ = [
 LAYER_KINDS = ("attention", "indexed", "state", "hybrid", "shared", "none")
 
 _CLASSES: dict[str, type] = {}
+
+#: The layer's own state, set in __init__ or on first write: a read before that is a plain
+#: AttributeError (a probe), never "the model calls an API we lack".
+_PLAIN_MISSING = frozenset(
+    {
+        "keys", "values", "device", "dtype", "is_initialized", "indexer_keys",
+        "indexer_position_ids", "max_batch_size", "max_cache_len", "sliding_window",
+        "is_sliding", "write_pos", "holds_cache", "offsets",
+    }
+)  # fmt: skip
 
 
 def _layer_window(layer: Any) -> int | None:
@@ -130,6 +140,18 @@ def capture_safe_cache_class() -> type:
                 self.keys = cast(Any, None)
                 self.values = cast(Any, None)
                 self.is_initialized = True
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for a name the layer lacks: a cache API newer than this class
+            # (DeepSeek-V4's store_compression_weights, ...) is refused in one line, not an
+            # AttributeError deep in the model (it still is one, for hasattr()).
+            if name.startswith("_") or name in _PLAIN_MISSING:
+                raise AttributeError(name)
+            raise CacheApiNotSupportedError(
+                f"the model calls `{name}` on its cache layer, which pypto-capture's "
+                "capture-safe cache does not implement (a cache kind this version does not "
+                "know): its graph arm cannot hold that state; run the eager arm"
+            )
 
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             # Only reached when update() runs before load_prefill(): an eager call, never a capture.

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from .explain import CaptureExplanation
 
 __all__ = [
+    "CacheApiNotSupportedError",
     "CacheDoesNotFitError",
     "CaptureFailedError",
     "CaptureUnsafeConfigError",
@@ -57,6 +58,12 @@ class CaptureFailedError(PyptoCaptureError):
 
 class UnsupportedModelError(PyptoCaptureError):
     """The model lacks something the capture path needs (e.g. a KV cache interface)."""
+
+
+class CacheApiNotSupportedError(UnsupportedModelError, AttributeError):
+    """The model calls a cache-layer method the capture-safe cache does not implement (a
+    cache kind newer than this pypto-capture). An ``AttributeError`` too, so a model that
+    only asks ``hasattr(layer, name)`` takes its other path as it would on any layer."""
 
 
 class CaptureUnsafeConfigError(PyptoCaptureError):

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from .errors import PyptoCaptureError
+from .errors import PyptoCaptureError, UnsupportedModelError
 from .moe import StaticMoERouting
 
 log = logging.getLogger(__name__)
@@ -477,6 +477,18 @@ def _install(
     return handle
 
 
+def _unapplied_parts(module: torch.nn.Module) -> list[str]:
+    """Child modules of an experts module that hold weights the exact forward does not
+    apply (it applies the 3-D projections, their biases and activation, and a
+    ``post_expert_norm`` only where ``has_post_expert_norm`` says so)."""
+    applied = {"post_expert_norm"} if getattr(module, "has_post_expert_norm", False) else set()
+    return [
+        name
+        for name, child in module.named_children()
+        if name not in applied and next(child.parameters(), None) is not None
+    ]
+
+
 def apply_exact_moe(model: torch.nn.Module) -> MoEHandle:
     """Replace every fused experts module's forward by :func:`exact_experts_forward`.
 
@@ -502,6 +514,16 @@ def apply_exact_moe(model: torch.nn.Module) -> MoEHandle:
 
         return forward
 
+    for name, module, _ in _iter_experts(model):
+        parts = _unapplied_parts(module)
+        if parts:
+            # Ergo's experts normalise each route with a learned per-expert RMSNorm inside
+            # their own forward: replaced, the graph arm silently dropped it (KL 0.1).
+            raise UnsupportedModelError(
+                f"{name} ({type(module).__name__}) carries {', '.join(parts)} with weights of "
+                "its own, which pypto-capture's exact MoE does not apply: its graph arm would "
+                "compute something else; run the eager arm (or --moe-routing static, a proxy)"
+            )
     return _install(model, "exact", make)
 
 

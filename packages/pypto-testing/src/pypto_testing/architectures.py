@@ -35,6 +35,7 @@ __all__ = [
     "expected_outcome",
     "make_tiny_architecture",
     "own_cache_class",
+    "spread_weights",
 ]
 
 _VOCAB = len(SPECIAL_TOKENS) + 256
@@ -524,7 +525,7 @@ def _model_class(config: Any) -> Any:
     return AutoModelForImageTextToText
 
 
-def _spread(model: Any, seed: int, scale: float) -> None:
+def spread_weights(model: Any, seed: int = 0, scale: float = 1.6) -> None:
     """Re-draw every weight matrix so logits spread and greedy decoding does not collapse."""
     import torch
 
@@ -557,7 +558,7 @@ def make_tiny_architecture(
     config = architecture_config(model_type, **overrides)
     torch.manual_seed(seed)
     model = _model_class(config).from_config(config, dtype=getattr(torch, dtype))
-    _spread(model, seed, scale)
+    spread_weights(model, seed, scale)
     model.generation_config.pad_token_id = 0
     model.save_pretrained(str(path), safe_serialization=True)
     return path.resolve()

@@ -1,0 +1,45 @@
+"""The support matrix over the zoo, newest types first (issue #44): each of transformers'
+newest causal-LM types built tiny from its own classes (pypto_testing.zoo) runs decode and
+prefill, eager and graph, in its own bounded process (tools/zoo.py, as `nox -s zoo` runs the
+whole mapping). Every cell is ok, refused in one line, "eager fails" (the model's own code
+at the tiny shape) or "not built" with why; none computes something else, crashes or hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+NEWEST = 12
+
+
+def test_the_newest_types_are_ok_or_refused_in_one_line(tmp_path):
+    out = tmp_path / "zoo"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "zoo.py"), "--types", f"newest:{NEWEST}",
+         "--jobs", "1", "--timeout", "240", "--out", str(out)],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    data = json.loads((out / "zoo.json").read_text())
+    cells = data["cells"]
+    types = {c["type"] for c in cells}
+    assert len(types) == NEWEST
+    bad = [c for c in cells if c["class"] in ("WRONG", "crash", "hang")]
+    assert not bad, json.dumps(bad, indent=1)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for c in cells:
+        assert c["class"] in ("ok", "refused", "eager fails", "not built"), c
+        if c["class"] != "ok":
+            assert c["why"], c  # saying why
+            assert "\n" not in c["why"], c  # in one line
+    assert any(c["class"] == "ok" for c in cells)
+    matrix = (out / "zoo.md").read_text()
+    assert "| class | types (worst cell) | cells |" in matrix
+    assert all(f"| {t} |" in matrix for t in types)

@@ -1,0 +1,288 @@
+"""The support matrix over the zoo: every causal LM type transformers ships, every arm.
+
+    python tools/zoo.py [--types newest:20 | --types a,b | --shard 1/8] [--backend eager]
+                        [--peer] [--jobs 2] [--timeout 300] [--out DIR]
+
+For each model type (pypto_testing.zoo: transformers' own config and model classes, a
+generic small shape), one child process builds the tiny folder and runs pypto-bench's
+decode and prefill regimes (eager and graph; ``--peer`` adds hf-compile to decode) through
+``run_bench`` (one iteration, sequential schedule), and prints one JSON line per cell. The
+parent bounds every child by ``--timeout`` (its whole process group is killed: a hang is a
+cell, never a stuck matrix) and classifies every cell:
+
+  ok         every arm ran and the numerical gate passed (or the arm is exempt, stated)
+  refused    a one-line refusal (pypto-capture's UnsupportedModelError /
+             CaptureUnsafeConfigError / CacheDoesNotFitError, a regime the model cannot run)
+  WRONG      an arm failed the numerical gate: it computes something else than eager
+  crash      an arm failed with another error (a bug: ours or the model's)
+  hang       the child ran past --timeout
+  eager fails  the model's own eager path fails at the tiny shape (transformers' code or the
+             recipe, not a capture: nothing of ours to compare against)
+  not built  the generic recipe cannot make the type small and runnable (why, in one line)
+
+Writes OUT/zoo.json (every cell) and OUT/zoo.md (the matrix, totals per class); exits 1
+when any cell is WRONG, crash or hang (``--allow-fail`` reports them and exits 0).
+``nox -s zoo`` runs it (flags after ``--``); the README test command runs the newest types
+through tests-integration/test_zoo.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+CLASSES = ("ok", "refused", "WRONG", "crash", "hang", "eager fails", "not built")
+BAD = ("WRONG", "crash", "hang")
+REFUSALS = (
+    "CacheApiNotSupportedError",
+    "UnsupportedModelError",
+    "CaptureUnsafeConfigError",
+    "CacheDoesNotFitError",
+    "RegimeNotSupportedError",
+)
+REGIMES = ("decode", "prefill")
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def classify_report(report: Any) -> tuple[str, str]:
+    """(class, why) of one pypto-bench report (a ``Report``)."""
+    wrong = list(report.numerics_failed)
+    if wrong:
+        why = "; ".join(
+            f"{a.name}: {(a.numerics or {}).get('why')}" for a in report.arms if a.name in wrong
+        )
+        return "WRONG", _one_line(why)
+    failed = [a for a in report.arms if not a.ok]
+    if not failed:
+        return "ok", ""
+    eager = next((a for a in failed if a.name == "eager"), None)
+    if eager is not None:
+        return "eager fails", _one_line(f"eager: {eager.error}")
+    refused = [a for a in failed if str(a.error or "").startswith(REFUSALS)]
+    cls = "refused" if len(refused) == len(failed) else "crash"
+    first = (refused if cls == "refused" else [a for a in failed if a not in refused])[0]
+    return cls, _one_line(f"{first.name}: {first.error}")
+
+
+def run_cell(folder: Path, regime: str, backend: str, peer: bool) -> dict[str, Any]:
+    """One regime of one folder, in this process: its class, why and per-arm verdicts."""
+    from pypto_bench import BenchConfig, BenchError, run_bench
+
+    arms = ["eager", "graph"] + (["hf-compile"] if peer and regime == "decode" else [])
+    config = BenchConfig(
+        model_path=str(folder), device="cpu", dtype="float32", regime=regime, seq=8, gen=8,
+        warmup=0, iters=1, arms=tuple(arms), graph_backend=backend, schedule="sequential",
+        measure_bandwidth=False,
+    )  # fmt: skip
+    start = time.perf_counter()
+    try:
+        report = run_bench(config)
+    except BenchError as err:
+        name = type(err).__name__
+        cls = "refused" if name in ("RegimeNotSupportedError", "BadInputError") else "crash"
+        if name == "ModelLoadError":  # the folder the recipe wrote does not load back
+            cls = "not built"
+        return {"class": cls, "why": _one_line(f"{name}: {err}"),
+                "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    cls, why = classify_report(report)
+    arms_out = {
+        a.name: (
+            "ok" if a.ok and (a.numerics or {}).get("verdict") != "fail" else
+            ("numerics fail" if a.ok else _one_line(str(a.error), 120))
+        )
+        for a in report.arms
+    }  # fmt: skip
+    return {"class": cls, "why": why, "arms": arms_out,
+            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+
+
+def child(model_type: str, backend: str, peer: bool) -> int:
+    """``--cell TYPE``: build the folder, run each regime, one JSON line per cell."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    from pypto_testing.zoo import CannotBuildTiny, make_zoo_model, type_year
+
+    year = type_year(model_type)
+    with tempfile.TemporaryDirectory(prefix="pypto-zoo-") as tmp:
+        try:
+            folder = make_zoo_model(Path(tmp) / model_type, model_type)
+        except CannotBuildTiny as err:
+            print(json.dumps({"type": model_type, "year": year, "regime": "*",
+                              "class": "not built", "why": _one_line(str(err))}), flush=True)  # fmt: skip
+            return 0
+        for regime in REGIMES:
+            cell = run_cell(folder, regime, backend, peer)
+            print(json.dumps({"type": model_type, "year": year, "regime": regime, **cell}),
+                  flush=True)  # fmt: skip
+    return 0
+
+
+def _run_child(model_type: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    argv = [sys.executable, __file__, "--cell", model_type, "--backend", args.backend]
+    if args.peer:
+        argv.append("--peer")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "TORCHINDUCTOR_COMPILE_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        done = _parse(out, model_type)
+        seen = {c["regime"] for c in done}
+        return done + [
+            {"type": model_type, "regime": r, "class": "hang",
+             "why": f"ran past {args.timeout:.0f} s (its process group was killed)"}
+            for r in REGIMES if r not in seen
+        ]  # fmt: skip
+    cells = _parse(out, model_type)
+    if proc.returncode != 0 or not cells:
+        tail = _one_line((err or "").strip().splitlines()[-1] if (err or "").strip() else "")
+        seen = {c["regime"] for c in cells}
+        if "*" not in seen:
+            cells += [
+                {"type": model_type, "regime": r, "class": "crash",
+                 "why": f"the cell process exited {proc.returncode}: {tail}"}
+                for r in REGIMES if r not in seen
+            ]  # fmt: skip
+    return cells
+
+
+def _parse(out: str, model_type: str) -> list[dict[str, Any]]:
+    cells = []
+    for line in (out or "").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                cell = json.loads(line)
+            except ValueError:
+                continue
+            if cell.get("type") == model_type and cell.get("class") in CLASSES:
+                cells.append(cell)
+    return cells
+
+
+def select(spec: str | None, shard: str | None) -> list[str]:
+    from pypto_testing.zoo import newest_types, zoo_types
+
+    if spec and spec.startswith("newest:"):
+        types = newest_types(int(spec.split(":", 1)[1]))
+    elif spec:
+        known = set(zoo_types())
+        types = [t for t in spec.split(",") if t]
+        unknown = [t for t in types if t not in known]
+        if unknown:
+            raise SystemExit(f"zoo: not causal-LM types here: {', '.join(unknown)}")
+    else:
+        types = newest_types()
+    if shard:
+        k, n = (int(x) for x in shard.split("/", 1))
+        if not 1 <= k <= n:
+            raise SystemExit(f"zoo: --shard K/N needs 1 <= K <= N (got {shard})")
+        types = types[k - 1 :: n]
+    return types
+
+
+def matrix(cells: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """zoo.md: totals per class (types and cells), then one row per type."""
+    by_type: dict[str, dict[str, dict[str, Any]]] = {}
+    for c in cells:
+        by_type.setdefault(c["type"], {})[c["regime"]] = c
+    per_type = Counter()
+    for regimes in by_type.values():
+        classes = [c["class"] for c in regimes.values()]
+        order = ("WRONG", "crash", "hang", "eager fails", "not built", "refused")
+        worst = next((k for k in order if k in classes), "ok")
+        per_type[worst] += 1
+    per_cell = Counter(c["class"] for c in cells if c["regime"] != "*")
+    lines = [
+        "# Support matrix over the zoo (generated by tools/zoo.py; do not edit)",
+        "",
+        f"transformers {meta.get('transformers')}, torch {meta.get('torch')}; graph backend "
+        f"`{meta.get('backend')}`; decode and prefill, eager and graph"
+        + (", hf-compile in decode" if meta.get("peer") else "")
+        + f"; fp32, CPU, seq 8, gen 8, one iteration; {meta.get('seconds')} s on this machine.",
+        "",
+        f"Command: `{meta.get('command')}`",
+        "",
+        "| class | types (worst cell) | cells |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {k} | {per_type.get(k, 0)} | {per_cell.get(k, 0)} |" for k in CLASSES]
+    lines += [f"| all | {len(by_type)} | {sum(per_cell.values())} |", "",
+              "| type | year | decode | prefill | why (first non-ok cell) |", "|---|---|---|---|---|"]  # fmt: skip
+    for t in sorted(
+        by_type,
+        key=lambda t: (-(by_type[t].get("decode", by_type[t].get("*", {})).get("year") or 0), t),
+    ):
+        regimes = by_type[t]
+        if "*" in regimes:
+            c = regimes["*"]
+            lines.append(f"| {t} | {c.get('year') or '?'} | not built | not built | {c['why']} |")
+            continue
+        d, p = regimes.get("decode", {}), regimes.get("prefill", {})
+        why = next((c.get("why") for c in (d, p) if c.get("class") not in (None, "ok")), "")
+        lines.append(f"| {t} | {d.get('year') or p.get('year') or '?'} | {d.get('class', '-')} | "
+                     f"{p.get('class', '-')} | {str(why).replace('|', '/')} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", help="newest:N, or a comma list of model types (default: all)")
+    ap.add_argument("--shard", help="K/N: every N-th type from the K-th (a CI-sized share)")
+    ap.add_argument(
+        "--backend", default="eager", help="pypto-bench --graph-backend (default eager)"
+    )
+    ap.add_argument("--peer", action="store_true", help="also the hf-compile arm in decode")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per type (default 300)")
+    ap.add_argument("--out", type=Path, default=Path("zoo-out"))
+    ap.add_argument("--allow-fail", action="store_true")
+    ap.add_argument("--cell", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.cell:
+        return child(args.cell, args.backend, args.peer)
+    types = select(args.types, args.shard)
+    start = time.perf_counter()
+    cells: list[dict[str, Any]] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for got in pool.map(lambda t: _run_child(t, args), types):
+            cells += got
+            for c in got:
+                print(f"zoo: {c['type']:<28} {c['regime']:<8} {c['class']:<9} {c.get('why', '')[:100]}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+    import torch
+    import transformers
+
+    meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+            "backend": args.backend, "peer": args.peer,
+            "seconds": round(time.perf_counter() - start), "types": len(types),
+            "command": "python tools/zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "zoo.json").write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
+    (args.out / "zoo.md").write_text(matrix(cells, meta))
+    bad = [c for c in cells if c["class"] in BAD]
+    totals = Counter(c["class"] for c in cells)
+    print(json.dumps({"types": len(types), "cells": dict(totals), "out": str(args.out)}))
+    return 1 if bad and not args.allow_fail else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
