@@ -167,6 +167,13 @@ def test_changing_ignore_eos_invalidates_the_bench_step_only(tmp_path):
     assert not (tmp_path / "w" / MANIFEST_NAME).exists()
 
 
+def _precision_run(model, work) -> list[str]:
+    """A run through patch, precision and an eager-only bench of ``model`` (no download)."""
+    return ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
+            "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
+            "--warmup", "0", "--iters", "1", "--no-bandwidth"]  # fmt: skip
+
+
 def test_the_precision_step_checks_the_eager_model_against_the_cpu(tmp_path, e2e_cli):
     """The demo model through patch, precision and bench: the precision step (between smoke
     and bench) compares the run's dtype with the CPU float64 reference, writes check.json
@@ -174,9 +181,7 @@ def test_the_precision_step_checks_the_eager_model_against_the_cpu(tmp_path, e2e
     model = tmp_path / "model"
     shutil.copytree(demo_model_dir(), model)
     work = tmp_path / "w"
-    argv = ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
-            "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
-            "--warmup", "0", "--iters", "1", "--no-bandwidth"]  # fmt: skip
+    argv = _precision_run(model, work)
     code, _, err = e2e_cli(*argv)
     assert code == EXIT.OK, err
     manifest = json.loads((work / MANIFEST_NAME).read_text())
@@ -213,9 +218,7 @@ def test_a_precision_step_that_sees_non_finite_logits_stops_the_run(tmp_path, e2
     weights["model.layers.1.mlp.down_proj.weight"][0, 0] = float("inf")
     save_file(weights, str(model / "model.safetensors"), metadata={"format": "pt"})
     work = tmp_path / "w"
-    argv = ["run", "--model-path", str(model), "--work-dir", str(work), "--skip",
-            "download,smoke", "--device", "cpu", "--arms", "eager", "--seq", "8", "--gen", "4",
-            "--warmup", "0", "--iters", "1", "--no-bandwidth"]  # fmt: skip
+    argv = _precision_run(model, work)
     code, _, err = e2e_cli(*argv)
     assert code == EXIT.ARM_FAILED, err
     assert "step 'precision' failed: the eager model's logits diverge from the CPU" in err
