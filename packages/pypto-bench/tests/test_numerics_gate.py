@@ -102,6 +102,13 @@ def test_a_plugin_one_percent_off_fails_the_gate(broken_plugin, tiny_llama, tmp_
     page = report_to_html(data)
     assert "NUMERICS FAIL: pypto+graph" in page
     assert NOT_COMPARABLE in page
+    # the per-step KL plot: the failing arm's line, one value per teacher-forced step
+    steps = num["metrics"]["kl_steps"]
+    assert len(steps) == data["config"]["gen"]
+    assert max(steps) == pytest.approx(num["metrics"]["kl_max"], rel=0.5)
+    assert 'id="numerics"' in page
+    assert "KL of each arm&#x27;s logits per step" in page or "KL of each arm's logits per step" in page
+    assert page.count("<svg") >= 2  # the KL plot beside the throughput plot
     assert any("numerics FAIL" in w for w in data["warnings"])
 
 

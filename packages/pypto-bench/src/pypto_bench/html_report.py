@@ -318,6 +318,40 @@ def _bars(data: dict[str, Any]) -> Raw:
     )
 
 
+def _kl_plot(data: dict[str, Any]) -> Raw | None:
+    """The numerical gate's KL per teacher-forced step, one line per judged arm (and the
+    reference-device check), log scale; None when no arm carries per-step values."""
+    series: dict[str, list[float]] = {}
+    for arm in data.get("arms") or []:
+        if not isinstance(arm, dict):
+            continue
+        metrics = ((arm.get("numerics") or {}).get("metrics")) or {}
+        steps = [v for v in (metrics.get("kl_steps") or []) if _num(v) is not None]
+        if steps:
+            series[f"{arm.get('name')}"[:24] + " vs eager"] = steps
+    check = data.get("reference_check")
+    if isinstance(check, dict):
+        steps = [
+            v for v in ((check.get("metrics") or {}).get("kl_steps") or []) if _num(v) is not None
+        ]
+        if steps:
+            series[f"eager vs {check.get('device')}"[:32]] = steps
+    if not series:
+        return None
+
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        for name, steps in series.items():
+            ax.plot(range(1, len(steps) + 1), [max(float(v), 1e-30) for v in steps],
+                    marker="o", label=name)  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_xlabel("teacher-forced step (or position)")
+        ax.set_ylabel("KL (nats)")
+        ax.legend(loc="best")
+
+    return svg_plot(draw, size=(8.0, 3.2), caption="KL of each arm's logits per step")
+
+
 def _sweep_plot(data: dict[str, Any]) -> Raw:
     """``--batch 1,8,32``: tok/s against batch per arm, with both ceilings per batch."""
     sweep = [e for e in data.get("batch_sweep") or [] if isinstance(e, dict)]
@@ -496,6 +530,9 @@ def report_to_html(
     diffusion = diffusion_rows(data)
     if diffusion:
         sections.append(section("Diffusion generation", table(DIFFUSION_HEADERS, diffusion)))
+    kl = _kl_plot(data)
+    if kl is not None:
+        sections.append(section("Numerics per step", kl, id="numerics"))
     sections.append(section("Roofline", *_roofline(data), id="roofline"))
     sweep = sweep_rows(data)
     if sweep:

@@ -22,10 +22,20 @@ import torch
 
 from .rule import DEFAULT_K
 
-__all__ = ["KL_DEFAULT", "KL_MIN", "LogitCheck", "LogitMetrics", "judge_logits", "logit_metrics"]
+__all__ = [
+    "KL_DEFAULT",
+    "KL_MIN",
+    "MAX_KL_STEPS",
+    "LogitCheck",
+    "LogitMetrics",
+    "judge_logits",
+    "logit_metrics",
+]
 
 #: KL (nats per step, the max over steps) allowed without a floor, by target dtype.
 KL_DEFAULT = {"float64": 1e-12, "float32": 1e-7, "float16": 1e-3, "bfloat16": 1e-2}
+#: At most this many per-step KL values are kept (a long generation keeps its first steps).
+MAX_KL_STEPS = 256
 #: Least KL allowed with a measured floor.
 KL_MIN = {"float64": 1e-14, "float32": 1e-9, "float16": 1e-5, "bfloat16": 1e-4}
 
@@ -42,6 +52,9 @@ class LogitMetrics:
     max_abs_dlogprob: float | None
     greedy_prefix: int
     nonfinite: int
+    #: KL per teacher-forced step (the mean over rows), the first :data:`MAX_KL_STEPS`:
+    #: where along the generation the error grows (the report page plots it).
+    kl_steps: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +100,7 @@ def logit_metrics(target: torch.Tensor, reference: torch.Tensor) -> LogitMetrics
     # KL(reference || target): how much the target's distribution loses of the reference's.
     kl = (lr.exp() * (lr - lt)).sum(dim=-1).clamp_min(0.0)
     dlp = (lt.gather(-1, ref_tok[:, None]) - lr.gather(-1, ref_tok[:, None])).abs()
+    per_step = kl.view(target.shape[0], -1).mean(dim=0) if target.dim() == 3 else kl
     return LogitMetrics(
         steps=steps,
         kl_mean=_finite(kl.mean().item()),
@@ -96,6 +110,7 @@ def logit_metrics(target: torch.Tensor, reference: torch.Tensor) -> LogitMetrics
         max_abs_dlogprob=_finite(dlp.max().item()),
         greedy_prefix=prefix,
         nonfinite=0,
+        kl_steps=[float(v) for v in per_step[:MAX_KL_STEPS].tolist()],
     )
 
 
