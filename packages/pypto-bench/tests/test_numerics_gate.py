@@ -107,8 +107,20 @@ def test_a_plugin_one_percent_off_fails_the_gate(broken_plugin, tiny_llama, tmp_
     assert len(steps) == data["config"]["gen"]
     assert max(steps) == pytest.approx(num["metrics"]["kl_max"], rel=0.5)
     assert 'id="numerics"' in page
-    assert "KL of each arm&#x27;s logits per step" in page or "KL of each arm's logits per step" in page
+    assert (
+        "KL of each arm&#x27;s logits per step" in page
+        or "KL of each arm's logits per step" in page
+    )
     assert page.count("<svg") >= 2  # the KL plot beside the throughput plot
+    from pypto_testing import browser
+
+    if browser.skip_reason() is None:  # as a reader sees it: headless Chromium, offline
+        (tmp_path / "page.html").write_text(page)
+        got = browser.open_page(tmp_path / "page.html")
+        assert got.console_errors == [], got.console_errors
+        assert got.requests == [], got.requests
+        assert 'id="numerics"' in got.dom
+        assert "model.layers.1.mlp#0" in got.dom  # the diverging module
     assert any("numerics FAIL" in w for w in data["warnings"])
 
 
