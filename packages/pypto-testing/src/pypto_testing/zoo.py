@@ -39,6 +39,10 @@ __all__ = [
 #: Generic small values, applied where the config class has the attribute.
 ZOO_SHAPE: dict[str, Any] = {
     "vocab_size": len(SPECIAL_TOKENS) + 256,
+    "unpadded_vocab_size": len(SPECIAL_TOKENS) + 256,
+    "swa_num_attention_heads": 4,
+    "swa_num_key_value_heads": 2,
+    "swa_head_dim": 16,
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
