@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NEWEST = 12
 
 
+@pytest.mark.slow(reason="12 model types, each built and run in its own process (~60 s alone)")
 def test_the_newest_types_are_ok_or_refused_in_one_line(tmp_path):
     out = tmp_path / "zoo"
     done = subprocess.run(
