@@ -44,3 +44,58 @@ def test_the_newest_types_are_ok_or_refused_in_one_line(tmp_path):
     matrix = (out / "zoo.md").read_text()
     assert "| class | types (worst cell) | cells |" in matrix
     assert all(f"| {t} |" in matrix for t in types)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process parents from /proc")
+def test_sigterm_ends_the_matrix_and_every_cell_process(tmp_path):
+    """Each cell runs in its own process group (so a hung one is killed whole); a SIGTERM of
+    the matrix kills the running cell's group too before it exits, so nothing it started
+    outlives it."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tools" / "zoo.py"), "--types", "llama,olmo2,qwen2",
+         "--jobs", "1", "--out", str(tmp_path / "zoo")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        cells: list[int] = []
+        while not cells and time.monotonic() < deadline:
+            cells = _children(proc.pid)
+            time.sleep(0.1)
+        assert cells, "no cell process started within 60 s"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in cells) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in cells if _alive(c)]
+        assert not (tmp_path / "zoo" / "zoo.json").exists()  # ended, not finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

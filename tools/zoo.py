@@ -52,6 +52,19 @@ REFUSALS = (
 )
 REGIMES = ("decode", "prefill")
 
+#: Cell processes running now (each leads its own process group): a SIGTERM or Ctrl-C of
+#: the matrix kills them before it exits, so no cell outlives the command.
+_LIVE: set[subprocess.Popen[str]] = set()
+
+
+def _end_children(signum: int, _frame: Any) -> None:
+    for proc in list(_LIVE):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(128 + signum)
+
 
 def _one_line(text: str, limit: int = 240) -> str:
     return " ".join(str(text).split())[:limit]
@@ -139,11 +152,13 @@ def _run_child(model_type: str, args: argparse.Namespace) -> list[dict[str, Any]
            "TORCHINDUCTOR_COMPILE_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"}  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)  # fmt: skip
+    _LIVE.add(proc)
     try:
         out, err = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
+        _LIVE.discard(proc)
         done = _parse(out, model_type)
         seen = {c["regime"] for c in done}
         return done + [
@@ -151,6 +166,7 @@ def _run_child(model_type: str, args: argparse.Namespace) -> list[dict[str, Any]
              "why": f"ran past {args.timeout:.0f} s (its process group was killed)"}
             for r in REGIMES if r not in seen
         ]  # fmt: skip
+    _LIVE.discard(proc)
     cells = _parse(out, model_type)
     if proc.returncode != 0 or not cells:
         tail = _one_line((err or "").strip().splitlines()[-1] if (err or "").strip() else "")
@@ -260,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return child(args.cell, args.backend, args.peer)
     types = select(args.types, args.shard)
+    signal.signal(signal.SIGTERM, _end_children)
+    signal.signal(signal.SIGINT, _end_children)
     start = time.perf_counter()
     cells: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -448,14 +448,13 @@ def test_experts_with_weighted_parts_the_exact_forward_does_not_apply_are_refuse
     """Ergo's experts normalise each route with a per-expert RMSNorm (a child module with
     weights) inside their own forward: replacing that forward dropped it and the graph arm
     computed something else (KL 0.1). Refused in one line instead, nothing installed."""
-    from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForCausalLM
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
     from pypto_capture import UnsupportedModelError, apply_exact_moe
     from pypto_testing.zoo import zoo_config
 
     if "ergo" not in CONFIG_MAPPING:
         pytest.skip("this transformers has no ergo")
-    del AutoConfig
     model = AutoModelForCausalLM.from_config(zoo_config("ergo"))
     before = {n: type(m).forward for n, m in model.named_modules()}
     with pytest.raises(UnsupportedModelError, match="carries post_expert_norm with weights"):

@@ -100,9 +100,10 @@ def _dtype(ctx: Context) -> str:
     return str(next(ctx.model.parameters()).dtype).replace("torch.", "")
 
 
-def eager_reference(ctx: Context) -> Any:
+def eager_reference(ctx: Context, *, floor: bool = True) -> Any:
     """The eager reference of this run's regime: a :class:`Reference` (decode, prefill), a
-    :class:`~pypto_bench.denoiser.DenoiserReference` (diffusion), None (not checked)."""
+    :class:`~pypto_bench.denoiser.DenoiserReference` (diffusion), None (not checked).
+    ``floor=False``: no half-type floor (a float32 copy of the model) is measured."""
     import torch
 
     regime = ctx.config.regime
@@ -125,7 +126,7 @@ def eager_reference(ctx: Context) -> Any:
         ref = Reference(regime, dtype, logits)
     else:
         return None
-    if dtype not in HALF_DTYPES:
+    if dtype not in HALF_DTYPES or not floor:
         return ref
     floor, full, note = half_floor(ctx, ref)
     return Reference(ref.regime, dtype, ref.logits, ref.tokens, floor, full, note, ref.step_seconds)

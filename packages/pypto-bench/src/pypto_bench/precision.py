@@ -16,7 +16,6 @@ dumped on the prompt and compared, and the first diverging module is named.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import sys
@@ -45,8 +44,7 @@ from pypto_precision import (
 from pypto_precision.cli import k_type
 
 from .errors import BadInputError, BenchError, EnvironmentMissingError
-from .loading import load_model
-from .reference import reference_dtype
+from .reference import loaded_in, reference_dtype
 
 __all__ = [
     "CHECK",
@@ -92,35 +90,22 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 @contextmanager
 def _loaded(args: argparse.Namespace, path: Path, device: str, dtype: str) -> Iterator[Any]:
-    import torch
-
+    """``path`` loaded and freed by pypto_bench.reference.loaded_in; a load or device error
+    becomes the one-line PrecisionError (errors of the caller's block pass unchanged)."""
     from pypto_capture import resolve_device
 
-    # float64 (the reference's default) is not a bench dtype: load float32 (exact for
-    # fp32 / bf16 / fp16 checkpoints) and widen.
-    load_dtype = "float32" if dtype == "float64" else dtype
-    try:
-        dev = resolve_device(device)
-        loaded = load_model(
-            path, device=dev, dtype=load_dtype, trust_remote_code=args.trust_remote_code
-        )
-        if dtype == "float64":
-            loaded.model.to(torch.float64)
-    except BenchError as err:
-        raise _precision_error(err) from err
-    except Exception as err:  # pypto_capture's device errors
-        raise PrecisionError(f"device {device!r}: {' '.join(str(err).split())[:200]}") from err
-    try:
+    with ExitStack() as stack:
+        try:
+            loaded = stack.enter_context(
+                loaded_in(
+                    path, resolve_device(device), dtype, trust_remote_code=args.trust_remote_code
+                )
+            )
+        except BenchError as err:
+            raise _precision_error(err) from err
+        except Exception as err:  # pypto_capture's device errors
+            raise PrecisionError(f"device {device!r}: {' '.join(str(err).split())[:200]}") from err
         yield loaded
-    finally:
-        # The caller's `as` name outlives the block: empty the holder so the weights go now
-        # (three or four models load one after the other; a 0.5B check held 16 GB without).
-        loaded.model = None
-        loaded.tokenizer = None
-        del loaded
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from typing import Any
 from .config import Regime
 from .protocol import Context
 
-__all__ = ["FLOAT64_REFERENCE_BELOW", "reference_check", "reference_dtype"]
+__all__ = ["FLOAT64_REFERENCE_BELOW", "loaded_in", "reference_check", "reference_dtype"]
 
 log = logging.getLogger(__name__)
 
@@ -47,48 +47,51 @@ def reference_dtype(model_path: Path) -> str:
 
 
 @contextmanager
-def _loaded(ctx: Context, device: Any, dtype: str) -> Iterator[Any]:
-    """The run's folder loaded on ``device`` in ``dtype`` (float64: loaded float32, widened),
-    freed on exit."""
+def loaded_in(
+    path: Any,
+    device: Any,
+    dtype: str,
+    *,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> Iterator[Any]:
+    """``path`` loaded (pypto_bench.loading.load_model) on ``device`` in ``dtype``; float64,
+    not a bench dtype, is loaded float32 (exact for fp32 / bf16 / fp16 checkpoints) and
+    widened. On exit the holder is emptied and collected, so a check that loads three or
+    four copies one after the other never holds two (a 0.5B check held 16 GB without)."""
     import torch
 
     from .loading import load_model
 
-    cfg = ctx.config
     loaded = load_model(
-        cfg.model_path,
+        path,
         device=device,
         dtype="float32" if dtype == "float64" else dtype,
-        trust_remote_code=cfg.trust_remote_code,
-        attn_implementation=cfg.attn_implementation,
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
     )
-    model = loaded.model
     if dtype == "float64":
-        model.to(torch.float64)
+        loaded.model.to(torch.float64)
     try:
-        yield model
+        yield loaded
     finally:
         loaded.model = None
-        del model, loaded
+        loaded.tokenizer = None
+        del loaded
         gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
-def _eager_reference(ctx: Context) -> Any:
-    """The eager pass the check is teacher-forced on (when the gate took none)."""
-    import torch
-
-    from .numerics import Reference
-
-    dtype = str(next(ctx.model.parameters()).dtype).replace("torch.", "")
-    if ctx.config.regime == Regime.DECODE:
-        from .protocol.decode import generate_logits
-
-        tokens, logits = generate_logits(ctx)
-        return Reference(Regime.DECODE, dtype, logits, tokens)
-    from .protocol.prefill import prefill_fn
-
-    with torch.inference_mode():
-        return Reference(Regime.PREFILL, dtype, prefill_fn(ctx)())
+@contextmanager
+def _loaded(ctx: Context, device: Any, dtype: str) -> Iterator[Any]:
+    """The run's folder, as the run loaded it, on ``device`` in ``dtype``: its model."""
+    cfg = ctx.config
+    with loaded_in(
+        cfg.model_path, device, dtype, trust_remote_code=cfg.trust_remote_code,
+        attn_implementation=cfg.attn_implementation,
+    ) as loaded:  # fmt: skip
+        yield loaded.model
 
 
 def reference_check(ctx: Context, ref: Any = None) -> dict[str, Any]:
@@ -114,9 +117,9 @@ def _check(ctx: Context, ref: Any, device_spec: str) -> dict[str, Any]:
     from pypto_capture import resolve_device
     from pypto_precision import judge_logits, logit_metrics
 
-    from .numerics import FLOOR_K, teacher_forced_logits
+    from .numerics import FLOOR_K, eager_reference, teacher_forced_logits
 
-    ref = ref if ref is not None else _eager_reference(ctx)
+    ref = ref if ref is not None else eager_reference(ctx, floor=False)
     device = resolve_device(device_spec)
     if not ctx.config.model_path:
         raise ValueError("no model folder to load the reference from")
