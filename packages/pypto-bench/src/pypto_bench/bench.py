@@ -132,7 +132,9 @@ def _record_failure(ctx: Context, arm: ArmResult, err: BaseException) -> None:
     # around the model's KeyError), so the one line a reader sees names the real error.
     text = " ".join(str(err).split())
     head = type(err).__name__
-    if underlying and not f"{head}: {text}".startswith(underlying):
+    # The explanation clips a long message ("..."): a clipped copy of this very error is
+    # not a different underlying one.
+    if underlying and not f"{head}: {text}".startswith(underlying.removesuffix("...")):
         head = f"{head} [{underlying[:200]}]"
     # Exception text can quote a URL with credentials or an env token: redact at source.
     arm.error = redact(f"{head}: {text[:500]}")

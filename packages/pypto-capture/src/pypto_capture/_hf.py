@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -18,6 +19,7 @@ __all__ = [
     "model_device_dtype",
     "model_specific_cache",
     "output_cache",
+    "own_mask_builder",
     "set_attn_implementation",
     "text_config",
 ]
@@ -89,6 +91,54 @@ def _forward_accepts_mask_mapping(forward: Callable[..., Any]) -> bool:
 def accepts_mask_mapping(model: torch.nn.Module) -> bool:
     """Whether the decoder takes ``attention_mask`` as a {layer_type: 4D mask} dict."""
     return _forward_accepts_mask_mapping(type(decoder_of(model)).forward)
+
+
+# transformers' masking utilities take a prepared 4-D mask (or a {layer type: mask}
+# mapping) as it is: what a captured step over static slots hands the model.
+_MASKING_UTILS = "masking_utils"
+
+
+@functools.lru_cache(maxsize=64)
+def _module_source(module_name: str) -> str:
+    module = sys.modules.get(module_name)
+    try:
+        return inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):
+        return ""
+
+
+def own_mask_builder(model: torch.nn.Module) -> str | None:
+    """Why the decoder builds its attention inputs from a 2-D padding mask in its own code
+    (so a 4-D mask over static slots cannot stand in for it), or None.
+
+    Two shapes of model do, read from the code rather than listed by name: an ALiBi model
+    whose bias is built from the 2-D mask (``build_alibi_tensor(attention_mask, ...)``:
+    BLOOM, Falcon with ``alibi``), and a model whose modeling code does not use
+    transformers' masking utilities at all (CPM-Ant, ProphetNet: masks and relative
+    positions computed from a cache that grows by one key per step). Their graph step
+    fails inside the model's own code (an unpack error, a shape mismatch, a position
+    check); this names the reason before anything is captured.
+    """
+    decoder = decoder_of(model)
+    module_name = type(decoder).__module__ or ""
+    if not module_name.startswith("transformers.models."):
+        return None  # remote or pinned code: judged by what it does, not by this rule
+    mod = sys.modules.get(module_name)
+    alibi = getattr(mod, "build_alibi_tensor", None) or getattr(decoder, "build_alibi_tensor", None)
+    config = text_config(model)
+    if callable(alibi) and "attention_mask" in _params_of(alibi) and getattr(config, "alibi", True):
+        return (
+            "builds its ALiBi bias from a 2-D padding mask over the keys (build_alibi_tensor), "
+            "which a captured step over static cache slots does not hand it"
+        )
+    src = _module_source(module_name)
+    if src and _MASKING_UTILS not in src:
+        return (
+            "builds its attention masks and relative positions in its own code from a cache "
+            "that grows by one key per step (it does not use transformers' masking utilities, "
+            "which take a prepared mask over static slots)"
+        )
+    return None
 
 
 def text_config(model: Any) -> Any:

@@ -227,6 +227,13 @@ class DecodeStepRunner:
 
     def _check_model_layout(self) -> None:
         types_ = set(self.cache.layer_types)
+        if any(k != "state" for k in self.cache.kinds):
+            why = _hf.own_mask_builder(self.model)
+            if why:
+                raise UnsupportedModelError(
+                    f"{type(self.model).__name__} {why}; pypto-capture cannot capture its decode "
+                    "step: bench its eager arm (its prefill graph arm runs)"
+                )
         if not self._mask_mapping and len(set(self.cache.type_lengths.values())) > 1:
             raise UnsupportedModelError(
                 f"{type(self.model).__name__} mixes layer types {sorted(types_)} but its forward takes a "
