@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from pypto_kernels_common import precision
 from pypto_kernels_common.precision import make_inputs
+from pypto_kernels_common.precision_child import run_cases_in_child
 from pypto_kernels_moe import precision as suite
 
 
@@ -36,17 +32,10 @@ def test_routing_gives_distinct_ids_per_token():
 @pytest.mark.exclusive(reason="the case's child holds up to 11 GB (LLaDA2-mini prefill s512)")
 @pytest.mark.parametrize("case", suite.load_cases(), ids=lambda c: c.id)
 def test_kernel_matches_golden(case):
-    """The case in its own process (``_precision_child.py``): the kernel through the op,
-    compared with the fp32 golden within the case's tolerances."""
+    """The case in its own child process (:mod:`pypto_kernels_common.precision_child`; its
+    weights, goldens and PyPTO's verify copies must not stay in this process): the kernel
+    through the op, compared with the fp32 golden within the case's tolerances."""
     pytest.importorskip("pypto")
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_precision_child.py")), case.id],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert rows, done.stderr[-3000:]
-    row = rows[-1]
-    assert row["ok"], row.get("error")
+    row = run_cases_in_child("pypto_kernels_moe.precision", [case.id], timeout_s=900)[case.id]
+    assert row["ok"], row["error"]
     assert row["calls"]["pypto"] == 1, row

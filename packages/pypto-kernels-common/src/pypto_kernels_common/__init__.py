@@ -5,7 +5,8 @@ dispatch rule "envelope check, then the kernel or a counted fallback logged once
 (:class:`KernelPackage`, :class:`Envelope`, :class:`KernelError`), the per-package
 switch and stats registries, the one precision-case schema (:mod:`.precision`), the
 cost-model measurement (:mod:`.costmodel`) and the declared PyPTO NPU names
-(:mod:`.npu`). See the README for building a new kernels package on it, step by step.
+(:mod:`.npu`). :mod:`.precision_child` runs a suite's cases in a child process (not
+imported here: it is also run with ``python -m``). See the README for building a new kernels package on it, step by step.
 """
 
 from __future__ import annotations
