@@ -51,7 +51,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_run(request, tmp_path_factory):
-    """One bench run (eager, graph, pypto+graph) per family, shared by the tests."""
+    """One bench run (eager, pypto+graph) per family, shared by the tests. The plain graph
+    arm of each family folder is proven by the family's own tests (pypto-models-gemma4's
+    test_decode 26b-a4b MoE, pypto-models-minimax's test_parity M3 pair, pypto-bench's
+    LLaDA2 diffusion regime): here it would be one more inductor compile per family that
+    proves nothing about the kernel (the suite's budget, issue #40)."""
     pytest.importorskip("pypto")
     family = request.param
     pytest.importorskip(f"pypto_models_{family.split('_')[0]}")
@@ -71,7 +75,9 @@ def family_run(request, tmp_path_factory):
     acts = [a for _, _, a in fitting_experts(model)]
     del model
     PACKAGE.stats.reset()
-    arms = fused_arm_run(folder, gen=gen, regime=regime, trust_remote_code=True)
+    arms = fused_arm_run(
+        folder, gen=gen, regime=regime, arms=("eager", "pypto+graph"), trust_remote_code=True
+    )
     return family, acts, arms
 
 
@@ -83,9 +89,12 @@ def test_the_family_experts_fit_the_kernel(family_run):
 
 def test_every_arm_ran_and_tokens_equal_eager(family_run):
     _, _, arms = family_run
-    for name in ("eager", "graph", "pypto+graph"):
+    for name in ("eager", "pypto+graph"):
         assert arms[name]["ok"], arms[name].get("error")
     assert arms["pypto+graph"]["token_match"]["rate"] == 1.0, arms["pypto+graph"]["token_match"]
+    # Logits, not only tokens: the numerical gate's verdict against eager (issue #42).
+    numerics = arms["pypto+graph"].get("numerics") or {}
+    assert numerics.get("verdict") == "pass", numerics
 
 
 def test_the_kernel_ran_on_every_replay_without_fallback(family_run):
