@@ -77,3 +77,31 @@ def test_a_model_on_the_masking_utilities_decodes_eager_s_tokens(folder, model_t
     got = torch.cat([first.view(1, 1), runner.decode(first, 5)], dim=1)
     want = model.generate(ids, do_sample=False, max_new_tokens=6, min_new_tokens=6)[:, 4:]
     assert torch.equal(got, want)
+
+
+def test_a_model_that_adds_cache_layers_while_it_runs_is_refused_in_one_line():
+    """Dory loops its middle layers and appends a copy of their cache layers per loop to
+    the cache it is handed: inside a captured step those copies would hold the wrong
+    loop's keys (the zoo's tiny Dory gave a graph arm at KL 1e-4, caught by the gate).
+    Refused at the prefill, with the counts."""
+    import transformers
+
+    DoryConfig = getattr(transformers, "DoryConfig", None)
+    if DoryConfig is None:
+        pytest.skip("this transformers has no Dory")
+    config = DoryConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_hidden_layers=3, n_input_layers=1,
+        n_recurrent_layers=1, n_output_layers=1, n_recurrent_loops=2,
+        layer_types=["sliding_attention", "full_attention", "full_attention"],
+        sliding_window=16, max_position_embeddings=512, pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    runner = DecodeStepRunner(model, batch_size=1, max_cache_len=16, backend="eager")
+    with pytest.raises(UnsupportedModelError) as err:
+        runner.prefill(torch.tensor([[3, 4, 5, 6]]))
+    message = str(err.value)
+    assert "holds 4 layers for its 3 decoder layers" in message
+    assert "bench its eager arm" in message
+    assert "\n" not in message

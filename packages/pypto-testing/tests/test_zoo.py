@@ -65,3 +65,45 @@ def test_a_type_the_recipe_cannot_shrink_is_refused_with_why(tmp_path):
     with pytest.raises(CannotBuildTiny, match="parameters at the generic small shape"):
         make_zoo_model(tmp_path / "blt", "blt")
     assert not (tmp_path / "blt").exists()
+
+
+def test_what_a_config_derives_in_its_constructor_follows_the_small_values(tmp_path):
+    """RWKV derives its attention width from hidden_size when it is constructed: set
+    afterwards (the ``shrunk`` recipe) it kept 4096 and the forward failed; the
+    ``constructed`` recipe calls the class with the small values, so it follows them."""
+    if "rwkv" not in zoo_types():
+        pytest.skip("this transformers has no rwkv")
+    shrunk = zoo_config("rwkv", recipe="shrunk")
+    assert shrunk.hidden_size == 64
+    assert shrunk.attention_hidden_size != 64  # what the old recipe left behind
+    constructed = zoo_config("rwkv", recipe="constructed")
+    assert constructed.attention_hidden_size == constructed.hidden_size == 64
+    folder = make_zoo_model(tmp_path / "rwkv", "rwkv")
+    assert json.loads((folder / "zoo.json").read_text())["recipe"] == "constructed"
+
+
+def test_sub_configs_are_made_small_too(tmp_path):
+    """Gemma 3's vision tower kept its published size under the old recipe (93M
+    parameters, refused); every sub-config now gets the small values."""
+    if "gemma3" not in zoo_types():
+        pytest.skip("this transformers has no gemma3")
+    config = zoo_config("gemma3")
+    assert config.vision_config.hidden_size == 64
+    assert config.vision_config.num_hidden_layers == 2
+    folder = make_zoo_model(tmp_path / "gemma3", "gemma3")
+    assert json.loads((folder / "zoo.json").read_text())["parameters"] < MAX_PARAMETERS
+
+
+def test_an_unknown_recipe_is_refused():
+    with pytest.raises(ValueError, match="unknown zoo recipe 'tiny'"):
+        zoo_config("llama", recipe="tiny")
+
+
+def test_a_type_no_recipe_builds_names_each_reason(tmp_path):
+    if "xlnet" not in zoo_types():
+        pytest.skip("this transformers has no xlnet")
+    with pytest.raises(CannotBuildTiny) as err:
+        make_zoo_model(tmp_path / "xlnet", "xlnet")
+    assert str(err.value).startswith("constructed: ")
+    assert "; shrunk: " in str(err.value)
+    assert not (tmp_path / "xlnet").exists()

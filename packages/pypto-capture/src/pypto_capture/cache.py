@@ -887,6 +887,16 @@ def make_capture_safe_cache(
     ]
     consumers = _config_kv_consumers(text_config, n_layers)
     src_layers = getattr(prefilled, "layers", None) if prefilled is not None else None
+    if src_layers is not None and len(src_layers) > n_layers:
+        # Dory's looped layers: its forward appends a copy of each looped layer's cache per
+        # loop to the cache it is handed (when that cache has one layer per decoder layer),
+        # inside the captured step, where the copies would hold the wrong loop's keys.
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s own prefill cache holds {len(src_layers)} layers for its "
+            f"{n_layers} decoder layers: the model adds cache layers of its own while it runs "
+            "(looped layers that keep a copy per loop), which a capture-safe cache of one "
+            "layer per decoder layer cannot hold: bench its eager arm"
+        )
     if src_layers is not None and 0 < len(src_layers) <= n_layers:
         windows = []
         for i in range(n_layers):

@@ -4,8 +4,9 @@ Why: users port whatever architecture is new this year, not the families we ship
 for. :mod:`pypto_testing.architectures` holds hand-made tiny configs of the hybrids and
 sparse-attention types (every layer type present); this module reaches the rest of
 transformers' causal-LM mapping with one generic recipe: the type's **own config class**,
-its defaults shrunk by :data:`ZOO_SHAPE` wherever the class has the attribute (top level and
-its text config), per-layer patterns (``layer_types``, a hybrid pattern string) cut to the
+called with the small values of :data:`ZOO_SHAPE` for every attribute it has (and each of its
+sub-configs: text, vision, audio), so that what the constructor derives follows them (a
+class that refuses that falls back to its defaults shrunk afterwards), per-layer patterns (``layer_types``, a hybrid pattern string) cut to the
 shortest run that still holds every distinct layer kind, then transformers' own model class
 built from it, its weights spread (so greedy decoding does not collapse onto one token),
 and a forward of four tokens to prove it runs. A type the recipe cannot make small and
@@ -27,6 +28,7 @@ from .models import SPECIAL_TOKENS, write_byte_tokenizer
 
 __all__ = [
     "MAX_PARAMETERS",
+    "RECIPES",
     "ZOO_SHAPE",
     "CannotBuildTiny",
     "make_zoo_model",
@@ -198,21 +200,97 @@ def _set(config: Any, key: str, value: Any) -> None:
         pass
 
 
-def zoo_config(model_type: str) -> Any:
+#: How a type's config is made small, in the order :func:`make_zoo_model` tries them.
+RECIPES: tuple[str, ...] = ("constructed", "shrunk")
+
+
+def _small_kwargs(config: Any) -> dict[str, Any]:
+    """The generic small values (and cut per-layer patterns) for the attributes ``config``
+    has, as constructor keywords."""
+    out: dict[str, Any] = {}
+    for key, value in ZOO_SHAPE.items():
+        current = _attr(config, key)
+        if (current is None and not _has(config, key)) or callable(current):
+            continue
+        out[key] = value
+    layers = 0
+    for key in _PATTERN_LISTS:
+        pattern = _attr(config, key)
+        if isinstance(pattern, (list, tuple)) and pattern:
+            kinds = list(dict.fromkeys(pattern))
+            n = max(int(ZOO_SHAPE["num_hidden_layers"]), len(kinds))
+            out[key] = [kinds[i % len(kinds)] for i in range(n)]
+            layers = max(layers, n)
+    for key in _PATTERN_STRINGS:
+        pattern = _attr(config, key)
+        if isinstance(pattern, str) and pattern:
+            distinct = "".join(dict.fromkeys(pattern))
+            n = max(int(ZOO_SHAPE["num_hidden_layers"]), len(distinct))
+            out[key] = (distinct * n)[:n]
+            layers = max(layers, n)
+    if layers and "num_hidden_layers" in out:
+        out["num_hidden_layers"] = layers
+    return out
+
+
+def _constructed(config_class: Any) -> Any:
+    """The config built from the small values (every sub-config too: text, vision, audio),
+    so what the class derives in its constructor (a head size, an inner width, a per-layer
+    list) follows them instead of keeping the published size."""
+    from transformers import PretrainedConfig
+
+    default = config_class()
+    kwargs = _small_kwargs(default)
+    for name, value in vars(default).items():
+        if isinstance(value, PretrainedConfig):
+            kwargs[name] = {**value.to_dict(), **_small_kwargs(value)}
+    config = config_class(**kwargs)
+    # What the constructor derived must still be a shape: Dory derives its looped layers as
+    # num_hidden_layers minus the input and output sections it keeps at their published
+    # sizes, -14 at two layers (a model that runs, computing nothing a real one does).
+    before, after = default.to_dict(), config.to_dict()
+    for key, value in after.items():
+        old = before.get(key)
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value < 0
+            and isinstance(old, int)
+            and old >= 0
+        ):
+            raise CannotBuildTiny(f"the small values derive {key}={value}")
+    return config
+
+
+def zoo_config(model_type: str, *, recipe: str = "constructed") -> Any:
     """The tiny config of ``model_type``: a hand-made one from
-    :mod:`pypto_testing.architectures` when it has one, else the generic recipe."""
+    :mod:`pypto_testing.architectures` when it has one, else the generic recipe:
+
+    - ``constructed``: the config class called with the small values (and each sub-config's),
+      then the shrink below for what the constructor kept;
+    - ``shrunk``: the default config with the small values set afterwards (what a class
+      derived in its constructor keeps its published size).
+    """
     from transformers import CONFIG_MAPPING
 
     from .architectures import ARCHITECTURES, architecture_config
 
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown zoo recipe {recipe!r}: choose one of {', '.join(RECIPES)}")
     if model_type in ARCHITECTURES and not ARCHITECTURES[model_type].get("vl"):
         return architecture_config(model_type)
     if model_type not in CONFIG_MAPPING:
         raise CannotBuildTiny(f"{model_type!r} has no config class in this transformers")
     try:
-        config = CONFIG_MAPPING[model_type]()
+        if recipe == "constructed":
+            config = _constructed(CONFIG_MAPPING[model_type])
+        else:
+            config = CONFIG_MAPPING[model_type]()
+    except CannotBuildTiny:
+        raise
     except Exception as err:
-        raise CannotBuildTiny(f"its config class needs arguments: {_short(err)}") from err
+        what = "the small values" if recipe == "constructed" else "arguments"
+        raise CannotBuildTiny(f"its config class refuses {what}: {_short(err)}") from err
     _shrink(config)
     try:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -226,7 +304,23 @@ def zoo_config(model_type: str) -> Any:
 def make_zoo_model(path: str | Path, model_type: str, *, seed: int = 0) -> Path:
     """A loadable tiny folder of ``model_type`` built by transformers' own classes (config,
     safetensors weights, generation config, a byte-level tokenizer); raises
-    :class:`CannotBuildTiny` (nothing left at ``path``) when the recipe cannot."""
+    :class:`CannotBuildTiny` (nothing left at ``path``) when no recipe can (each one's
+    reason, in :data:`RECIPES` order). The ``constructed`` recipe is tried first; a type it
+    cannot build falls back to ``shrunk``, so no type the older recipe built is lost."""
+    from .architectures import ARCHITECTURES
+
+    if model_type in ARCHITECTURES and not ARCHITECTURES[model_type].get("vl"):
+        return _make(Path(path), model_type, RECIPES[0], seed)  # hand-made: one config
+    failures: list[str] = []
+    for recipe in RECIPES:
+        try:
+            return _make(Path(path), model_type, recipe, seed)
+        except CannotBuildTiny as err:
+            failures.append(f"{recipe}: {err}")
+    raise CannotBuildTiny("; ".join(failures))
+
+
+def _make(folder: Path, model_type: str, recipe: str, seed: int) -> Path:
     import shutil
 
     import torch
@@ -234,7 +328,7 @@ def make_zoo_model(path: str | Path, model_type: str, *, seed: int = 0) -> Path:
 
     from .architectures import spread_weights
 
-    config = zoo_config(model_type)
+    config = zoo_config(model_type, recipe=recipe)
     # Sized on the meta device first: a dimension the recipe does not know keeps its
     # published size, and allocating that for real is how a zoo run gets OOM-killed.
     try:
@@ -263,7 +357,6 @@ def make_zoo_model(path: str | Path, model_type: str, *, seed: int = 0) -> Path:
         raise
     except Exception as err:
         raise CannotBuildTiny(f"a 4-token forward fails: {_short(err)}") from err
-    folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         write_byte_tokenizer(folder)
@@ -277,7 +370,9 @@ def make_zoo_model(path: str | Path, model_type: str, *, seed: int = 0) -> Path:
     except Exception as err:
         shutil.rmtree(folder, ignore_errors=True)
         raise CannotBuildTiny(f"its saved folder does not load back: {_short(err)}") from err
-    (folder / "zoo.json").write_text(json.dumps({"model_type": model_type, "parameters": params}))
+    (folder / "zoo.json").write_text(
+        json.dumps({"model_type": model_type, "parameters": params, "recipe": recipe})
+    )
     return folder.resolve()
 
 
