@@ -508,7 +508,9 @@ def zoo(session: nox.Session) -> None:
     built tiny from its own classes (pypto_testing.zoo), decode and prefill, eager and
     graph, each type in its own bounded process (tools/zoo.py). Flags after ``--`` go to
     tools/zoo.py: ``--shard 1/8`` (a CI-sized share), ``--types newest:20``, ``--backend
-    compile``, ``--peer`` (hf-compile); the matrix is written to docs/zoo.md."""
+    compile``, ``--peer`` (hf-compile). A whole-zoo run (no flags) records its results as
+    docs/zoo.json and regenerates docs/zoo.md and the counts in the support matrix from
+    them (tools/gen_docs.py); a partial run writes .nox/zoo-out only."""
     packages = _packages()
     session.install(TORCH_PIN)
     names = _local_closure("pypto-bench", packages, ())
@@ -516,13 +518,14 @@ def zoo(session: nox.Session) -> None:
     _install_local(session, names, packages, {"pypto-testing": "models"})
     out = ROOT / ".nox" / "zoo-out"
     session.run("python", str(ROOT / "tools" / "zoo.py"), "--out", str(out), *session.posargs)
-    if not session.posargs:  # the whole zoo: its matrix is the documented one
+    if not session.posargs:  # the whole zoo: its results are the documented ones
         session.run(
             "python",
             "-c",
-            f"import shutil; shutil.copy({str(out / 'zoo.md')!r}, "
-            f"{str(ROOT / 'docs' / 'zoo.md')!r})",
+            f"import shutil; shutil.copy({str(out / 'zoo.json')!r}, "
+            f"{str(ROOT / 'docs' / 'zoo.json')!r})",
         )
+        session.run("python", str(ROOT / "tools" / "gen_docs.py"))
 
 
 @nox.session

@@ -92,3 +92,24 @@ def test_support_matrix_in_readme_and_workflow_matches_the_suite_table():
     ):
         assert arch.expected_outcome(model_type, "decode", "graph") is None
         assert f"| `{model_type}` |" in matrix
+
+
+def test_the_zoo_page_and_counts_are_the_committed_runs_own_numbers():
+    """docs/zoo.md and the zoo's counts in the support matrix are rendered from the results
+    a zoo run wrote (docs/zoo.json), not typed: the page matches, every type of the run has
+    its row, and the counts add up to the run's types."""
+    pytest.importorskip("pypto_testing.zoo_report")
+    from pypto_testing.zoo_report import load_zoo_results, zoo_counts
+
+    assert gen_docs.ZOO_PAGE.read_text() == gen_docs.render_zoo_page(), (
+        "docs/zoo.md: run python tools/gen_docs.py"
+    )
+    results = load_zoo_results(gen_docs.ZOO_RUNS[0][0])
+    types = {c["type"] for c in results["cells"]}
+    page = gen_docs.ZOO_PAGE.read_text()
+    assert all(f"| {t} |" in page for t in types)
+    counts = zoo_counts(results)
+    assert sum(counts["types"].values()) == len(types)
+    matrix = gen_docs.render_support_matrix()
+    assert f"{len(types)} types on transformers" in matrix
+    assert f"| ok | {counts['types']['ok']} | {counts['cells']['ok']} |" in matrix
