@@ -99,3 +99,35 @@ def test_sigterm_ends_the_matrix_and_every_cell_process(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_the_class_of_a_cell_is_decided_by_our_arms_and_the_peer_is_said_apart():
+    """classify_report over real pypto-bench arm results: a failing or differing hf-compile
+    arm (transformers' own recipe) is "peer fails" when our arms are ok, never "crash" or
+    "WRONG" charged to us; our own refusal beside it stays "refused"; our arm computing
+    something else is WRONG whatever the peer does."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from zoo import classify_report
+
+    from pypto_bench.report import ArmResult, Report
+
+    def report(*arms):
+        r = Report.__new__(Report)
+        r.arms = list(arms)
+        return r
+
+    ok = ArmResult("eager")
+    graph = ArmResult("graph", numerics={"verdict": "pass"})
+    peer_crash = ArmResult("hf-compile", ok=False, error="KeyError: 'heavily_compressed_attention'")
+    peer_wrong = ArmResult("hf-compile", numerics={"verdict": "fail", "why": "KL max 0.2"})
+    refused = ArmResult("graph", ok=False, error="UnsupportedModelError: no ring for it")
+    wrong = ArmResult("graph", numerics={"verdict": "fail", "why": "KL max 0.1"})
+    assert classify_report(report(ok, graph)) == ("ok", "")
+    cls, why = classify_report(report(ok, graph, peer_crash))
+    assert cls == "peer fails"
+    assert why.startswith("hf-compile (transformers' recipe): KeyError")
+    cls, why = classify_report(report(ok, graph, peer_wrong))
+    assert cls == "peer fails"
+    assert "computes otherwise: KL max 0.2" in why
+    assert classify_report(report(ok, refused, peer_crash))[0] == "refused"
+    assert classify_report(report(ok, wrong, peer_crash)) == ("WRONG", "graph: KL max 0.1")

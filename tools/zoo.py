@@ -19,6 +19,8 @@ cell, never a stuck matrix) and classifies every cell:
   eager fails  the model's own eager path fails at the tiny shape (transformers' code or the
              recipe, not a capture: nothing of ours to compare against)
   not built  the generic recipe cannot make the type small and runnable (why, in one line)
+  peer fails our arms are ok; transformers' own compile recipe (hf-compile, ``--peer``)
+             fails or computes otherwise on the same folder: said, not charged to us
 
 Writes OUT/zoo.json (every cell) and OUT/zoo.md (the matrix, totals per class); exits 1
 when any cell is WRONG, crash or hang (``--allow-fail`` reports them and exits 0).
@@ -73,23 +75,32 @@ def _one_line(text: str, limit: int = 240) -> str:
 
 
 def classify_report(report: Any) -> tuple[str, str]:
-    """(class, why) of one pypto-bench report (a ``Report``)."""
-    wrong = list(report.numerics_failed)
+    """(class, why) of one pypto-bench report (a ``Report``). Our arms (eager, graph)
+    decide the class; transformers' own compile recipe (the hf-compile peer) failing or
+    computing something else is "peer fails" when ours are ok: said, not charged to us."""
+    peer = "hf-compile"
+    wrong = [n for n in report.numerics_failed if n != peer]
     if wrong:
         why = "; ".join(
             f"{a.name}: {(a.numerics or {}).get('why')}" for a in report.arms if a.name in wrong
         )
         return "WRONG", _one_line(why)
-    failed = [a for a in report.arms if not a.ok]
-    if not failed:
-        return "ok", ""
-    eager = next((a for a in failed if a.name == "eager"), None)
-    if eager is not None:
-        return "eager fails", _one_line(f"eager: {eager.error}")
-    refused = [a for a in failed if str(a.error or "").startswith(REFUSALS)]
-    cls = "refused" if len(refused) == len(failed) else "crash"
-    first = (refused if cls == "refused" else [a for a in failed if a not in refused])[0]
-    return cls, _one_line(f"{first.name}: {first.error}")
+    failed = [a for a in report.arms if not a.ok and a.name != peer]
+    if failed:
+        eager = next((a for a in failed if a.name == "eager"), None)
+        if eager is not None:
+            return "eager fails", _one_line(f"eager: {eager.error}")
+        refused = [a for a in failed if str(a.error or "").startswith(REFUSALS)]
+        cls = "refused" if len(refused) == len(failed) else "crash"
+        first = (refused if cls == "refused" else [a for a in failed if a not in refused])[0]
+        return cls, _one_line(f"{first.name}: {first.error}")
+    theirs = next((a for a in report.arms if a.name == peer), None)
+    if theirs is not None and not theirs.ok:
+        return "peer fails", _one_line(f"{peer} (transformers' recipe): {theirs.error}")
+    if peer in report.numerics_failed:
+        why = (theirs.numerics or {}).get("why") if theirs is not None else None
+        return "peer fails", _one_line(f"{peer} (transformers' recipe) computes otherwise: {why}")
+    return "ok", ""
 
 
 def run_cell(folder: Path, regime: str, backend: str, peer: bool) -> dict[str, Any]:

@@ -171,3 +171,27 @@ def test_a_cache_api_the_layer_lacks_is_refused_in_one_line_and_probes_stay_fals
     with pytest.raises(AttributeError) as plain:
         layer.__deepcopy_hook__  # noqa: B018 - a private name: a plain AttributeError
     assert not isinstance(plain.value, CacheApiNotSupportedError)
+
+
+def test_a_refusal_raised_inside_a_compiled_step_stays_a_one_line_refusal():
+    """Under the compile backend dynamo wraps what the traced step raised ("Observed
+    exception" around a repr of it): the zoo's DeepSeek-V4 then read "CaptureFailedError
+    [CacheApiNotSupportedError: ...]" with the compile backend and a plain refusal with the
+    eager one. The backend hands back the refusal itself, whole, whichever backend ran."""
+    from pypto_capture import CacheApiNotSupportedError, CaptureFailedError, make_backend
+
+    layer = _cache(["attention"]).layers[0]
+    x = torch.zeros(2)
+
+    def step():
+        layer.store_compression_weights(x)
+        return x + 1
+
+    for name in ("compile", "eager"):
+        with pytest.raises(CacheApiNotSupportedError) as info:
+            make_backend(name, "cpu").capture(step, warmup=1).replay()  # eager: at replay
+        assert not isinstance(info.value, CaptureFailedError)
+        message = str(info.value)
+        assert message.startswith("the model calls `store_compression_weights`"), message
+        assert "\n" not in message
+        assert not message.endswith("...")  # whole, not the explanation's clipped copy

@@ -46,8 +46,16 @@ from .device import (
     stream_context,
     synchronize,
 )
-from .errors import CaptureFailedError, DeviceNotAvailableError, PyptoCaptureError
-from .explain import explain_capture_error
+from .errors import (
+    CacheApiNotSupportedError,
+    CacheDoesNotFitError,
+    CaptureFailedError,
+    CaptureUnsafeConfigError,
+    DeviceNotAvailableError,
+    PyptoCaptureError,
+    UnsupportedModelError,
+)
+from .explain import explain_capture_error, traced_exception
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +104,10 @@ class GraphBackend(ABC):
         (:mod:`pypto_capture.autotune`); None where nothing compiled with autotuning."""
         return None
 
-    def _fail(self, err: BaseException, what: str = "capture") -> CaptureFailedError:
+    def _fail(self, err: BaseException, what: str = "capture") -> PyptoCaptureError:
+        refusal = _own_refusal(err)
+        if refusal is not None:
+            return refusal
         expl = explain_capture_error(err)
         message = f"{self.name} {what} failed: {expl}"
         # The explanation names the underlying error itself only for model_error; say it
@@ -106,6 +117,36 @@ class GraphBackend(ABC):
         exc = CaptureFailedError(message, expl)
         exc.__cause__ = err
         return exc
+
+
+#: This package's one-line refusals: raised inside a compiled step they reach the backend
+#: wrapped by dynamo, and stay refusals (the eager backend lets them through as they are).
+_REFUSALS: dict[str, type[PyptoCaptureError]] = {
+    c.__name__: c
+    for c in (
+        UnsupportedModelError,
+        CacheApiNotSupportedError,
+        CaptureUnsafeConfigError,
+        CacheDoesNotFitError,
+    )
+}
+
+
+def _own_refusal(err: BaseException) -> PyptoCaptureError | None:
+    """The refusal of this package's own under a capture failure, as a fresh exception of
+    its class with its whole message (so a CLI prints the refusal, not "compile capture
+    failed [underlying ...]"), or None."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen and len(seen) < 64:
+        seen.add(id(cur))
+        if type(cur).__name__ in _REFUSALS and isinstance(cur, PyptoCaptureError):
+            return type(cur)(str(cur))
+        cur = cur.__cause__ or cur.__context__
+    traced = traced_exception(err)
+    if traced is not None and traced[0] in _REFUSALS:
+        return _REFUSALS[traced[0]](" ".join(traced[1].split()))
+    return None
 
 
 def _clip(text: str, limit: int = 200) -> str:

@@ -22,7 +22,13 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ACL_RT_NAMES", "KNOWN_CAUSES", "CaptureExplanation", "explain_capture_error"]
+__all__ = [
+    "ACL_RT_NAMES",
+    "KNOWN_CAUSES",
+    "CaptureExplanation",
+    "explain_capture_error",
+    "traced_exception",
+]
 
 
 @dataclass(frozen=True)
@@ -458,6 +464,23 @@ def _observed(chain: list[BaseException]) -> _Underlying | None:
     m2 = _CONSTANT_RE.match(text)
     message = _args_message(name, m2.group(1)) if m2 else text
     return _Underlying(name or "Exception", _one_line(message), True, "traced", where)
+
+
+def traced_exception(err: BaseException) -> tuple[str, str] | None:
+    """``(type name, message)`` of the exception that traced code raised, as dynamo's debug
+    context names it, unclipped; None when dynamo observed none.
+
+    dynamo does not keep the exception object of code it traced (it wraps an "Observed
+    exception" around a repr of it), so a caller that must tell which exception it was (a
+    refusal of this package's own, raised inside a compiled step) reads it from here.
+    """
+    for e in _chain(err):
+        if _is_dynamo(e):
+            m = _RAISED_RE.search(str(e))
+            if m:
+                name = m.group(1).rsplit(".", 1)[-1]
+                return name, _args_message(name, m.group(2))
+    return None
 
 
 def _underlying(err: BaseException | str) -> _Underlying | None:

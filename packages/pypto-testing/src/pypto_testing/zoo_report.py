@@ -36,12 +36,13 @@ ZOO_CLASSES: tuple[str, ...] = (
     "hang",
     "eager fails",
     "not built",
+    "peer fails",
 )
 #: Classes that make ``tools/zoo.py`` exit 1: an arm that computes something else, an
 #: unexplained failure, a run past its timeout.
 BAD_CLASSES: tuple[str, ...] = ("WRONG", "crash", "hang")
 #: A type's class on the pages: its worst cell, in this order.
-_WORST_FIRST = ("WRONG", "crash", "hang", "eager fails", "not built", "refused")
+_WORST_FIRST = ("WRONG", "crash", "hang", "eager fails", "not built", "refused", "peer fails")
 _MAX_BYTES = 8 * 1024 * 1024
 _MAX_CELLS = 20_000
 _REGIMES = ("decode", "prefill", "*")
