@@ -45,8 +45,6 @@ from typing import Any
 
 from pypto_testing.zoo_report import BAD_CLASSES, ZOO_CLASSES, render_zoo_matrix
 
-CLASSES = ZOO_CLASSES
-BAD = BAD_CLASSES
 REFUSALS = (
     "CacheApiNotSupportedError",
     "UnsupportedModelError",
@@ -202,7 +200,7 @@ def _parse(out: str, model_type: str) -> list[dict[str, Any]]:
                 cell = json.loads(line)
             except ValueError:
                 continue
-            if cell.get("type") == model_type and cell.get("class") in CLASSES:
+            if cell.get("type") == model_type and cell.get("class") in ZOO_CLASSES:
                 cells.append(cell)
     return cells
 
@@ -266,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "zoo.json").write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
     title = "# Support matrix over the zoo (tools/zoo.py)"
     (args.out / "zoo.md").write_text(render_zoo_matrix({"meta": meta, "cells": cells}, title=title))
-    bad = [c for c in cells if c["class"] in BAD]
+    bad = [c for c in cells if c["class"] in BAD_CLASSES]
     totals = Counter(c["class"] for c in cells)
     print(json.dumps({"types": len(types), "cells": dict(totals), "out": str(args.out)}))
     return 1 if bad and not args.allow_fail else 0

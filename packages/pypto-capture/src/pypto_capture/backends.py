@@ -55,7 +55,7 @@ from .errors import (
     PyptoCaptureError,
     UnsupportedModelError,
 )
-from .explain import explain_capture_error, traced_exception
+from .explain import exception_chain, explain_capture_error, traced_exception
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +136,9 @@ def _own_refusal(err: BaseException) -> PyptoCaptureError | None:
     """The refusal of this package's own under a capture failure, as a fresh exception of
     its class with its whole message (so a CLI prints the refusal, not "compile capture
     failed [underlying ...]"), or None."""
-    seen: set[int] = set()
-    cur: BaseException | None = err
-    while cur is not None and id(cur) not in seen and len(seen) < 64:
-        seen.add(id(cur))
+    for cur in exception_chain(err):
         if type(cur).__name__ in _REFUSALS and isinstance(cur, PyptoCaptureError):
             return type(cur)(str(cur))
-        cur = cur.__cause__ or cur.__context__
     traced = traced_exception(err)
     if traced is not None and traced[0] in _REFUSALS:
         return _REFUSALS[traced[0]](" ".join(traced[1].split()))

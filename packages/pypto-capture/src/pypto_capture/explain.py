@@ -26,6 +26,7 @@ __all__ = [
     "ACL_RT_NAMES",
     "KNOWN_CAUSES",
     "CaptureExplanation",
+    "exception_chain",
     "explain_capture_error",
     "traced_exception",
 ]
@@ -351,8 +352,9 @@ _CODE_RE = re.compile(r"(?<![\d.])(10\d{4}|50\d{4}|90[01])(?!\d|\.\d)")  # "1070
 _BY_CODE = {r.code: r for r in KNOWN_CAUSES if r.code.isdigit()}
 
 
-def _chain(err: BaseException) -> list[BaseException]:
-    """``err`` and what it was raised from (``__cause__``, else ``__context__``), outermost first."""
+def exception_chain(err: BaseException) -> list[BaseException]:
+    """``err`` and what it was raised from (``__cause__``, else ``__context__``), outermost
+    first, each once (a cycle ends the walk)."""
     out = [err]
     seen = {id(err)}
     cur: BaseException | None = err.__cause__ or err.__context__
@@ -367,7 +369,7 @@ def _message_of(err: BaseException | str) -> str:
     if isinstance(err, str):
         return err
     # chained causes carry the runtime code
-    return "\n".join(f"{type(e).__module__}.{type(e).__name__}: {e}" for e in _chain(err))
+    return "\n".join(f"{type(e).__module__}.{type(e).__name__}: {e}" for e in exception_chain(err))
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -474,7 +476,7 @@ def traced_exception(err: BaseException) -> tuple[str, str] | None:
     exception" around a repr of it), so a caller that must tell which exception it was (a
     refusal of this package's own, raised inside a compiled step) reads it from here.
     """
-    for e in _chain(err):
+    for e in exception_chain(err):
         if _is_dynamo(e):
             m = _RAISED_RE.search(str(e))
             if m:
@@ -491,7 +493,7 @@ def _underlying(err: BaseException | str) -> _Underlying | None:
             name = m.group(1).rsplit(".", 1)[-1]
             return _Underlying(name, _one_line(_args_message(name, m.group(2))), True)
         return None
-    chain = _chain(err)
+    chain = exception_chain(err)
     found = _observed(chain)
     if found is not None:
         return found
