@@ -11,6 +11,8 @@ between two device synchronisations and counts the tokens actually produced
     python tools/bench_capture.py                       # CPU: tiny + 0.5B-class, fp32
     python tools/bench_capture.py --device cuda --dtype bfloat16
     python tools/bench_capture.py --models tiny --json  # machine-readable on stdout
+    python tools/bench_capture.py --python-wrapper      # CPU: + the compile with
+                                                        # inductor's Python wrapper
 
 Exit codes: 0 ok, 1 an arm failed, 2 bad usage, 3 environment missing (device/transformers).
 """
@@ -92,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument(
+        "--python-wrapper",
+        action="store_true",
+        help="CPU: a third arm, the compiled step with inductor's Python wrapper (the graph "
+        "arm's default there is the C++ one), timed beside the others",
+    )
     args = p.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     bad = [n for n in names if n not in CONFIGS]
@@ -106,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         from pypto_capture import (
+            CompileBackend,
             DecodeStepRunner,
             PyptoCaptureError,
             device_name,
@@ -156,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
         }
         arms = {}
-        for arm, backend in (("eager", "eager"), ("graph", "auto")):
+        plan: list[tuple[str, object]] = [("eager", "eager"), ("graph", "auto")]
+        if args.python_wrapper and device.type == "cpu":
+            plan.append(("graph_py", CompileBackend(device, cpp_wrapper=False)))
+        for arm, backend in plan:
             try:
                 reset_peak_memory(device)
                 runner = DecodeStepRunner(
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             arms[arm] = toks
             row[arm] = {
                 "backend": runner.backend_name,
+                "wrapper": getattr(runner.backend, "wrapper", None),
                 "tok_s": args.batch * args.steps / med,
                 "median_s": med,
                 "times_s": times,
@@ -189,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         if "eager" in arms and "graph" in arms:
             row["graph_over_eager"] = row["graph"]["tok_s"] / row["eager"]["tok_s"]
             row["tokens_match"] = bool(torch.equal(arms["eager"].cpu(), arms["graph"].cpu()))
+        if "graph" in arms and "graph_py" in arms:
+            # The same compiled kernels, called from C++ or from Python: what the wrapper
+            # costs per step, and what each compile took (setup_s: prefill + capture).
+            row["cpp_over_python_wrapper"] = row["graph"]["tok_s"] / row["graph_py"]["tok_s"]
+            row["wrapper_tokens_match"] = bool(
+                torch.equal(arms["graph"].cpu(), arms["graph_py"].cpu())
+            )
         report["results"].append(row)
         del model
     print(
@@ -211,6 +231,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{e.get('peak_allocated_mb', 0):>6.0f}/{g2.get('peak_allocated_mb', 0):<6.0f}",
             file=sys.stderr,
         )
+        if "graph_py" in r:
+            p2 = r["graph_py"]
+            print(
+                f"{'':<6} python wrapper {p2.get('tok_s', float('nan')):>10.1f} tok/s, "
+                f"capture {p2.get('setup_s', float('nan')):.1f} s; C++ over Python "
+                f"{r.get('cpp_over_python_wrapper', float('nan')):.2f}x, same tokens "
+                f"{r.get('wrapper_tokens_match', '-')}",
+                file=sys.stderr,
+            )
     if args.json:
         print(json.dumps(report, indent=2))
     return 1 if failed else 0

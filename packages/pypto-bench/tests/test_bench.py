@@ -42,6 +42,9 @@ def test_decode_report_matches_schema_and_is_consistent(decode_report):
     assert graph.ratio_to_eager == pytest.approx(
         graph.tokens_per_s["best"] / report.arm("eager").tokens_per_s["best"]
     )
+    # What compiled it: inductor's C++ wrapper, pypto-capture's CPU default.
+    assert graph.details["inductor_wrapper"] == "cpp"
+    assert "inductor_wrapper" not in report.arm("eager").details
     # The graph arm checks itself against eager: exact in fp32.
     assert graph.token_match["rate"] == 1.0
     assert graph.token_match["compared"] > 0

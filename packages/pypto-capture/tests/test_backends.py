@@ -205,3 +205,41 @@ def test_a_graph_break_error_names_the_exception_under_it():
     assert exc.value.explanation.code == "graph_break"
     assert exc.value.cause_type == "GuardOnDataDependentSymNode"
     assert "[underlying error: GuardOnDataDependentSymNode: " in str(exc.value)
+
+
+def _generated_code(capture):
+    """The step captured, and the inductor code it compiled to (inductor's own hook)."""
+    from torch._inductor.utils import run_and_get_code
+
+    step, code = run_and_get_code(capture)
+    return step, "\n".join(code)
+
+
+@pytest.mark.parametrize(("asked", "wrapper"), [(None, "cpp"), (False, "python")])
+def test_the_cpu_compile_runs_inductor_s_cpp_wrapper_unless_told_not_to(asked, wrapper):
+    """On CPU the compiled step's kernel calls are one C++ function (the default), or the
+    Python module inductor generates otherwise; both compute eager's numbers."""
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        want = torch.relu(lin(x)) * 2 + 1
+        backend = make_backend("compile", "cpu", cpp_wrapper=asked)
+        assert backend.wrapper is None  # nothing compiled yet
+        step, code = _generated_code(
+            lambda: backend.capture(lambda: torch.relu(lin(x)) * 2 + 1, warmup=1)
+        )
+        torch.testing.assert_close(step.replay(), want)
+    assert backend.wrapper == wrapper
+    # The C++ wrapper's entry point is generated only in that mode.
+    assert ("inductor_entry_impl" in code) == (wrapper == "cpp"), code[:2000]
+
+
+def test_the_fused_backend_says_which_wrapper_its_compile_stage_used():
+    torch._dynamo.reset()
+    backend = make_backend("fused", "cpu")
+    x = torch.randn(4, 4)
+    step = backend.capture(lambda: x.sin() + 1, warmup=1)
+    torch.testing.assert_close(step.replay(), x.sin() + 1)
+    assert backend.wrapper == "cpp"
+    assert make_backend("fused", "cpu", cpp_wrapper=False).compiler.cpp_wrapper is False

@@ -62,8 +62,13 @@ def recorded():
         want = net(x)
         with recording() as rec:
             assert active_recorder() is rec
-            step = CompileBackend(torch.device("cpu")).capture(lambda: net(x), warmup=1)
+            backend = CompileBackend(torch.device("cpu"))
+            step = backend.capture(lambda: net(x), warmup=1)
         assert active_recorder() is None
+        # The recorded compile keeps inductor's Python wrapper (the CPU default is the C++
+        # one): its per-kernel profiler ranges and kernel names are what is matched.
+        assert backend.cpp_wrapper
+        assert backend.wrapper == "python"
         got = step.replay()
     return rec, want, got
 

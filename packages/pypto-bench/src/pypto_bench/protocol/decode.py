@@ -236,6 +236,9 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         arm.details["capture_s"] = time.perf_counter() - start
         # Final after capture: auto's fused backend may have fallen back to a plain capture.
         arm.details["backend"] = str(getattr(runner, "backend_name", cfg.graph_backend))
+        wrapper = getattr(getattr(runner, "backend", None), "wrapper", None)
+        if wrapper:  # inductor's C++ or Python wrapper around the kernels (pypto_capture)
+            arm.details["inductor_wrapper"] = wrapper
         reason = getattr(getattr(runner, "backend", None), "fallback_reason", None)
         if reason:
             arm.warnings.append(f"{arm.name}: {reason}")
