@@ -1,8 +1,8 @@
 """Nothing of a --nproc run outlives the command, whatever ends it (issue 27, items 1 and
 17): real `pypto-bench run --nproc 2` commands killed with SIGKILL / SIGTERM while their
 ranks load, run the 1-rank baseline or iterate; then no descendant is alive and nothing
-of the run is left in the temporary directory. Plus the two mechanisms on their own
-(the parent-death signal, the polling watch that works without it), with tiny scripts.
+of the run is left in the temporary directory. (The two mechanisms on their own, the
+parent-death signal and the polling watch, are proven in pypto-common's test_parent.py.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -163,87 +162,3 @@ def test_each_rank_has_its_local_device_index_in_tile_fwk_device_id(killed_run):
     for rank, st in beats.items():
         assert st[DEVICE_ID_ENV] == str(rank), st
     assert "PyPTO was imported before" not in seen["stderr"]
-
-
-# --- the two mechanisms alone (no torch: a parent script and its child) ---------------
-
-_FAMILY = """
-import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(os.getpid())] + sys.argv[2:])
-print(child.pid, flush=True)
-time.sleep(600)
-"""
-
-
-def _orphan(child_code: str, *args: str) -> tuple[int, subprocess.Popen[str]]:
-    """Start parent -> child; return (child pid, parent) once the child is armed."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _FAMILY, textwrap.dedent(child_code), *args],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert parent.stdout is not None
-    child = int(parent.stdout.readline())
-    return child, parent
-
-
-def _kill_parent_once_armed(child: int, parent: subprocess.Popen[str], armed: Path) -> bool:
-    """SIGKILL the parent once the child has written ``armed``; True when the child has
-    ended within 5 s (it is killed here either way, never left running)."""
-    try:
-        deadline = time.monotonic() + 60
-        while not armed.exists():
-            assert time.monotonic() < deadline, "the child never armed itself"
-            time.sleep(0.05)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 5
-        while alive(child):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
-    finally:
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
-
-
-def test_the_watch_ends_a_child_whose_parent_was_killed_without_the_signal(tmp_path):
-    """The portable mechanism: no parent-death signal is set, the polling thread alone
-    notices the parent's SIGKILL and runs the child's cleanup."""
-    marker = tmp_path / "cleaned"
-    armed = tmp_path / "armed"
-    child, parent = _orphan(
-        """
-        import os, sys, time
-        from pathlib import Path
-        from pypto_bench.multi.lifecycle import watch_parent
-        def died():
-            Path(sys.argv[2]).write_text("parent gone")
-            os._exit(0)
-        watch_parent(int(sys.argv[1]), died, poll_s=0.05)
-        Path(sys.argv[3]).write_text("armed")
-        time.sleep(600)
-        """,
-        str(marker),
-        str(armed),
-    )
-    assert _kill_parent_once_armed(child, parent, armed)
-    assert marker.read_text() == "parent gone"
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux only")
-def test_the_parent_death_signal_ends_a_child_that_does_nothing_else(tmp_path):
-    armed = tmp_path / "armed"
-    child, parent = _orphan(
-        """
-        import signal, sys, time
-        from pathlib import Path
-        from pypto_bench.multi.lifecycle import set_parent_death_signal
-        assert set_parent_death_signal(signal.SIGKILL)
-        Path(sys.argv[2]).write_text("armed")
-        time.sleep(600)
-        """,
-        str(armed),
-    )
-    assert _kill_parent_once_armed(child, parent, armed)

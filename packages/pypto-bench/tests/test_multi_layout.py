@@ -46,10 +46,9 @@ HOMES = {
     ),
     "pypto_bench.multi.launch": ("ORPHAN_GRACE_S", "free_port", "launcher_main", "run_distributed"),
     "pypto_bench.multi.lifecycle": (
-        "EXIT_ORPHANED", "GROUP_METHOD", "ORPHAN_SIGNAL", "PARENT_POLL_S", "TERMINATED_EXIT",
-        "Terminated", "end_group_members", "group_jiffies", "group_load_sampler", "group_stats",
-        "live_group_members", "proc_stat", "set_parent_death_signal", "sigterm_as_interrupt",
-        "watch_parent",
+        "EXIT_ORPHANED", "GROUP_METHOD", "ORPHAN_SIGNAL", "TERMINATED_EXIT", "Terminated",
+        "end_group_members", "group_jiffies", "group_load_sampler", "group_stats",
+        "live_group_members", "proc_stat", "sigterm_as_interrupt",
     ),
     "pypto_bench.multi.pipeline": (
         "MAX_PIPELINE_LAYERS", "declared_layers", "decoder_layers", "run_pipeline",

@@ -3,8 +3,11 @@ script), real timeouts, and no process left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -58,7 +61,7 @@ def _hang(kernel):
         if kernel:
             sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
             with open(os.environ["TOY_HANG_PID_FILE"], "w") as f:
-                f.write(str(sleeper.pid))
+                f.write(f"{os.getpid()} {sleeper.pid}")
             time.sleep(300)
         return {"y": x}
     return run
@@ -212,3 +215,37 @@ def test_a_child_over_the_stdout_cap_is_refused(monkeypatch):
     script = "print('x' * 5000)"
     with pytest.raises(PrecisionChildError, match="over the 1000-byte cap"):
         run_child([sys.executable, "-c", script], timeout_s=60)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_the_child_and_its_group_end_when_the_process_that_started_it_is_killed(
+    toy_suite, tmp_path, how
+):
+    """A pytest worker killed outright (SIGTERM's default action runs no ``finally``) leaves
+    its precision child, in a session of its own, without a parent: the child and what it
+    started end within seconds (pypto_common.parent), not when their cases end."""
+    pid_file = Path(os.environ["TOY_HANG_PID_FILE"])
+    script = (
+        "from pypto_kernels_common.precision_child import run_cases_in_child\n"
+        f"run_cases_in_child({toy_suite!r}, ['hang.forever'], timeout_s=600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    child = grandchild = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and len(pid_file.read_text().split()) == 2):
+            assert parent.poll() is None, "the parent ended before its child started the case"
+            assert time.monotonic() < deadline, "the child never reached its case"
+            time.sleep(0.1)
+        child, grandchild = (int(p) for p in pid_file.read_text().split())
+        parent.send_signal(how)
+        assert parent.wait(timeout=30) == -how  # killed outright: no cleanup of its own ran
+        assert _gone(child)
+        assert _gone(grandchild)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in (child, grandchild):
+            if pid:  # never left running, whatever failed above
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

@@ -35,7 +35,10 @@ from collections.abc import Mapping, Sequence
 from importlib import import_module
 from typing import IO, Any
 
+from pypto_common.parent import end_with_parent
+
 __all__ = [
+    "PARENT_PID_ENV",
     "ROW_FIELDS",
     "ROW_MARKER",
     "ROW_VERSION",
@@ -83,6 +86,10 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "pid": (int,),
     "seconds": (float, int),
 }
+#: The pid of the process that started the child (set by :func:`run_child`): the child
+#: ends, with everything in its process group, once that process is no longer its parent,
+#: however it ended (a pytest worker killed by SIGTERM runs no cleanup of its own).
+PARENT_PID_ENV = "PYPTO_PRECISION_PARENT_PID"
 #: At most this many bytes of the child's stdout are read (rows are ~1 KB each).
 STDOUT_CAP = 10 * 1024 * 1024
 #: The last this many bytes of the child's stderr go into an error's message.
@@ -226,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="inputs at the cases' full shapes (default: the reduced shapes a case declares)",
     )
     args = parser.parse_args(argv)
+    parent = os.environ.get(PARENT_PID_ENV, "")
+    if parent.isdigit():  # before anything starts a thread (the group's watchdog forks)
+        end_with_parent(int(parent))
 
     # Rows alone on stdout: fd 1 (PyPTO's C stdio, print) goes to stderr from here on.
     sys.stdout.flush()
@@ -338,6 +348,9 @@ def run_child(
 
     The child runs in a new session (its own process group); on timeout the whole group
     is killed, and once the child has exited whatever it left in its group is killed too.
+    It is told this process's pid (:data:`PARENT_PID_ENV`): a child of this module ends
+    with its group when this process ends without killing it (SIGKILL, or SIGTERM's
+    default action).
     stdout and stderr go to temporary files; at most :data:`STDOUT_CAP` bytes of stdout
     are read. Raises PrecisionChildTimeoutError past ``timeout_s``, PrecisionChildError when
     the child exits non-zero, writes more than the cap, prints a malformed row, repeats an
@@ -345,6 +358,8 @@ def run_child(
     row at all).
     """
     label = f"cases {list(expected_ids)}" if expected_ids else "all cases"
+    child_env = dict(os.environ if env is None else env)
+    child_env[PARENT_PID_ENV] = str(os.getpid())
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
@@ -352,7 +367,7 @@ def run_child(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
-            env=None if env is None else dict(env),
+            env=child_env,
             start_new_session=True,
         )
         timed_out = False

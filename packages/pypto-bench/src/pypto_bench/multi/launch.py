@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pypto_common import atomic_write_text, redact
+from pypto_common.parent import set_parent_death_signal, watch_parent
 
 from ..errors import BadInputError, RankFailedError
 from .lifecycle import (
@@ -52,9 +53,7 @@ from .lifecycle import (
     end_group_members,
     live_group_members,
     proc_state,
-    set_parent_death_signal,
     sigterm_as_interrupt,
-    watch_parent,
 )
 from .preflight import BACKEND_FOR, check_before_launch, visible_devices
 from .rank import LAUNCHER_PID_ENV, rank_main

@@ -4,14 +4,9 @@ A ``--nproc`` run is three generations of processes: the command (``pypto-bench 
 the launcher it starts (torch's elastic agent, leading its own process group) and the
 ranks the launcher spawns (with their own helpers in that group). Whatever ends a
 parent (SIGKILL from ``timeout -s KILL``, a CI runner, the OOM killer), its children
-notice within a fraction of a second by two independent means:
-
-* the Linux parent-death signal (``prctl(PR_SET_PDEATHSIG)``), set by the child itself
-  as it starts, followed by a check that its parent is still the one expected (a parent
-  that died before the call would never send it);
-* a daemon thread polling ``os.getppid()``: a child whose parent ended is re-parented
-  (to init or a subreaper), so the pid changes. It works where the signal does not
-  (other systems, a signal lost to a thread that exited).
+notice within a fraction of a second by two independent means, the parent-death signal
+and a thread polling the parent's pid (:mod:`pypto_common.parent`, shared with
+pypto-kernels-common's precision child).
 
 SIGTERM on the command is turned into :class:`Terminated` (a ``KeyboardInterrupt``), so
 it unwinds like Ctrl-C: the launcher's group is ended, temporary folders are removed,
@@ -24,14 +19,12 @@ the watchdog and the noise guard of a multi-rank run use.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +35,6 @@ __all__ = [
     "EXIT_ORPHANED",
     "GROUP_METHOD",
     "ORPHAN_SIGNAL",
-    "PARENT_POLL_S",
     "TERMINATED_EXIT",
     "Terminated",
     "cpu_seconds",
@@ -53,17 +45,11 @@ __all__ = [
     "live_group_members",
     "proc_stat",
     "proc_state",
-    "set_parent_death_signal",
     "sigterm_as_interrupt",
-    "watch_parent",
 ]
 
 log = logging.getLogger(__name__)
 
-#: ``prctl`` option of <linux/prctl.h>: the signal sent when the parent thread ends.
-_PR_SET_PDEATHSIG = 1
-#: Seconds between two ``getppid()`` checks of the watching thread.
-PARENT_POLL_S = 0.2
 #: The shell's code for "ended by SIGTERM" (128 + 15).
 TERMINATED_EXIT = 128 + int(signal.SIGTERM)
 #: The launcher's parent-death signal (see :mod:`pypto_bench.multi.launch`): not one
@@ -81,35 +67,6 @@ class Terminated(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return "terminated by SIGTERM"
-
-
-def set_parent_death_signal(sig: int) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent ends; False where the
-    call is unavailable (not Linux, no libc). Call it early, then check the parent is
-    still the expected one: a parent already gone never sends it."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def watch_parent(
-    parent_pid: int, on_death: Callable[[], None], *, poll_s: float = PARENT_POLL_S
-) -> threading.Thread:
-    """A daemon thread that calls ``on_death()`` once, as soon as this process's parent
-    is no longer ``parent_pid`` (immediately when it already is not)."""
-
-    def run() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_s)
-        on_death()
-
-    thread = threading.Thread(target=run, name="pypto-parent-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 def proc_stat(pid: Any) -> list[str] | None:

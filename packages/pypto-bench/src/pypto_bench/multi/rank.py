@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pypto_common import atomic_write_text, redact
+from pypto_common.parent import set_parent_death_signal, watch_parent
 
 from ..errors import EnvironmentMissingError, RankFailedError
 from .aggregate import build_report
@@ -39,13 +40,7 @@ from .arms import (
     share_reference,
 )
 from .fit import baseline_skip_reason, out_of_memory, release_memory
-from .lifecycle import (
-    EXIT_ORPHANED,
-    TERMINATED_EXIT,
-    group_load_sampler,
-    set_parent_death_signal,
-    watch_parent,
-)
+from .lifecycle import EXIT_ORPHANED, TERMINATED_EXIT, group_load_sampler
 from .tensor import load_sharded
 
 if TYPE_CHECKING:
