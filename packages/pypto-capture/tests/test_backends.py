@@ -243,3 +243,58 @@ def test_the_fused_backend_says_which_wrapper_its_compile_stage_used():
     torch.testing.assert_close(step.replay(), x.sin() + 1)
     assert backend.wrapper == "cpp"
     assert make_backend("fused", "cpu", cpp_wrapper=False).compiler.cpp_wrapper is False
+
+
+def test_a_step_the_cpp_wrapper_cannot_express_compiles_with_the_python_one(tmp_path):
+    """A collective over an explicit process group (what a tensor-parallel rank traces):
+    inductor's C++ wrapper cannot pass the group to the all-gather ("arg type Any is not
+    yet supported by custom_op_wrapper"); the backend compiles with the Python wrapper,
+    gets eager's numbers, and says why. A one-rank gloo group, so it runs in-process."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        group = dist.group.WORLD
+        x, w = torch.randn(4, 8), torch.randn(8, 8)
+
+        def step():
+            y = x @ w
+            dist.all_reduce(y, group=group)
+            parts = [torch.empty_like(y)]
+            dist.all_gather(parts, y.contiguous(), group=group)
+            return torch.cat(parts, dim=-1) * 2
+
+        torch._dynamo.reset()
+        backend = make_backend("compile", "cpu", freezing=False)
+        captured = backend.capture(step, warmup=1)
+        torch.testing.assert_close(captured.replay(), (x @ w) * 2)
+        assert backend.wrapper == "python"
+        assert backend.wrapper_fallback is not None
+        assert "C++ wrapper could not compile" in backend.wrapper_fallback
+        assert "NotImplementedError" in backend.wrapper_fallback
+        assert "\n" not in backend.wrapper_fallback
+        # Told to use the Python wrapper, nothing falls back.
+        torch._dynamo.reset()
+        plain = make_backend("compile", "cpu", freezing=False, cpp_wrapper=False)
+        plain.capture(step, warmup=1)
+        assert (plain.wrapper, plain.wrapper_fallback) == ("python", None)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_step_that_fails_with_both_wrappers_is_the_python_wrapper_s_failure():
+    """A graph break is no wrapper's fault: it fails as before, one capture failure."""
+    torch._dynamo.reset()
+    backend = make_backend("compile", "cpu")
+    x = torch.randn(3)
+
+    def step():
+        if x.sum().item() > 1e9:  # a host sync: dynamo cannot capture it in one graph
+            return x
+        return x + 1
+
+    with pytest.raises(CaptureFailedError):
+        backend.capture(step, warmup=1)
+    assert backend.wrapper_fallback is None

@@ -302,6 +302,9 @@ class CompileBackend(GraphBackend):
         self.cpp_wrapper = (device.type == "cpu") if cpp_wrapper is None else cpp_wrapper
         #: The wrapper the last capture compiled with: "cpp", "python", or None before one.
         self.wrapper: str | None = None
+        #: Why the last capture fell back from the C++ wrapper to the Python one (None: it
+        #: did not).
+        self.wrapper_fallback: str | None = None
         self._autotune: dict[str, Any] | None = None
 
     @property
@@ -309,38 +312,70 @@ class CompileBackend(GraphBackend):
         return self._autotune
 
     def capture(self, fn: Callable[[], Any], *, warmup: int = 3) -> CapturedStep:
-        import torch._inductor.config as inductor_config
-
-        from .autotune import autotune_log
         from .provenance import active_recorder
 
         recorder = active_recorder()
+        cpp_wrapper = self.cpp_wrapper and recorder is None
+        self.wrapper_fallback = None
+        try:
+            return self._compile(fn, warmup, recorder, cpp_wrapper)
+        except Exception as err:  # dynamo Unsupported, inductor errors, capture errors
+            if not (cpp_wrapper and _cpp_wrapper_unsupported(err)):
+                raise self._fail(err) from err
+            # A step the C++ wrapper cannot express (an op whose arguments it cannot pass:
+            # a collective's process group) compiles with the Python one, and says so. The
+            # failure is in code generation, before the step ever ran: no state moved.
+            why = " ".join(f"{type(err).__name__}: {err}".split())
+        try:
+            step = self._compile(fn, warmup, recorder, False)
+        except Exception as err:
+            raise self._fail(err) from err
+        self.wrapper_fallback = (
+            f"inductor's C++ wrapper could not compile the step ({_clip(why)}); "
+            "compiled with its Python wrapper"
+        )
+        log.warning("compile backend: %s", self.wrapper_fallback)
+        return step
+
+    def _compile(
+        self, fn: Callable[[], Any], warmup: int, recorder: Any, cpp_wrapper: bool
+    ) -> CapturedStep:
+        import torch._inductor.config as inductor_config
+
+        from .autotune import autotune_log
+
         tuned = "max-autotune" in str(self.mode)
         choices = autotune_log() if tuned else contextlib.nullcontext(None)
-        try:
-            if recorder is None:
-                compiled = torch.compile(
-                    _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
-                )
-            else:  # the same inductor compile, its kernels' provenance recorded
-                compiled = torch.compile(
-                    _fresh_function(fn),
-                    fullgraph=True,
-                    dynamic=False,
-                    backend=recorder.backend(self.mode),
-                )
-            out = None
-            cpp_wrapper = self.cpp_wrapper and recorder is None
-            patch = inductor_config.patch(freezing=self.freezing, cpp_wrapper=cpp_wrapper)
-            with patch, choices as seen:
-                for _ in range(max(1, warmup)):  # the first call traces and compiles
-                    out = compiled()
-            synchronize(self.device)
-        except Exception as err:  # dynamo Unsupported, inductor errors, capture errors
-            raise self._fail(err) from err
+        if recorder is None:
+            compiled = torch.compile(
+                _fresh_function(fn), fullgraph=True, dynamic=False, mode=self.mode
+            )
+        else:  # the same inductor compile, its kernels' provenance recorded
+            compiled = torch.compile(
+                _fresh_function(fn),
+                fullgraph=True,
+                dynamic=False,
+                backend=recorder.backend(self.mode),
+            )
+        out = None
+        patch = inductor_config.patch(freezing=self.freezing, cpp_wrapper=cpp_wrapper)
+        with patch, choices as seen:
+            for _ in range(max(1, warmup)):  # the first call traces and compiles
+                out = compiled()
+        synchronize(self.device)
         self._autotune = seen.summary() if seen is not None else None
         self.wrapper = "cpp" if cpp_wrapper else "python"
         return _CompiledStep(compiled, self, out)
+
+
+def _cpp_wrapper_unsupported(err: BaseException) -> bool:
+    """Whether a compile failed in inductor's C++ wrapper itself: its code generation's
+    NotImplementedError ("arg type ... is not yet supported by custom_op_wrapper") or its
+    C++ not compiling."""
+    return any(
+        isinstance(cur, NotImplementedError) or type(cur).__name__ == "CppCompileError"
+        for cur in exception_chain(err)
+    )
 
 
 class _CompiledReplay(CapturedStep):
@@ -403,6 +438,11 @@ class FusedBackend(GraphBackend):
     def wrapper(self) -> str | None:
         """The compile stage's inductor wrapper ("cpp" / "python"; None before a capture)."""
         return self.compiler.wrapper
+
+    @property
+    def wrapper_fallback(self) -> str | None:
+        """Why the compile stage fell back to inductor's Python wrapper (None: it did not)."""
+        return self.compiler.wrapper_fallback
 
     @property
     def label(self) -> str:

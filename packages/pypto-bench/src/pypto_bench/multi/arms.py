@@ -328,5 +328,10 @@ def graph_backend_for(config: BenchConfig, device: Any) -> Any:
     if name == "auto":
         name = DISTRIBUTED_AUTO_BACKEND[device.type]
     # Freezing folds parameters into graph constants and fails on the process group the
-    # traced all-reduce takes (inductor: "cannot assign FakeScriptObject to buffer").
-    return make_backend(name, device, compile_mode=config.compile_mode, freezing=False)
+    # traced all-reduce takes (inductor: "cannot assign FakeScriptObject to buffer"); the
+    # C++ wrapper cannot pass it to the traced all-gather ("arg type Any is not yet
+    # supported by custom_op_wrapper"), so the ranks compile with the Python wrapper
+    # rather than fail the C++ one first on every rank.
+    return make_backend(
+        name, device, compile_mode=config.compile_mode, freezing=False, cpp_wrapper=False
+    )

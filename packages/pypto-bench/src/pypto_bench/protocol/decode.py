@@ -239,6 +239,9 @@ def graph_decode_iteration(ctx: Context, arm: ArmResult) -> DecodeIteration:
         wrapper = getattr(getattr(runner, "backend", None), "wrapper", None)
         if wrapper:  # inductor's C++ or Python wrapper around the kernels (pypto_capture)
             arm.details["inductor_wrapper"] = wrapper
+        wrapper_fallback = getattr(getattr(runner, "backend", None), "wrapper_fallback", None)
+        if wrapper_fallback:
+            arm.warnings.append(f"{arm.name}: {wrapper_fallback}")
         reason = getattr(getattr(runner, "backend", None), "fallback_reason", None)
         if reason:
             arm.warnings.append(f"{arm.name}: {reason}")
