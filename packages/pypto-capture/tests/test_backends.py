@@ -284,7 +284,7 @@ def test_a_step_the_cpp_wrapper_cannot_express_compiles_with_the_python_one(tmp_
         dist.destroy_process_group()
 
 
-def test_a_step_that_fails_with_both_wrappers_is_the_python_wrapper_s_failure():
+def test_a_graph_break_is_not_a_wrapper_failure_and_nothing_falls_back():
     """A graph break is no wrapper's fault: it fails as before, one capture failure."""
     torch._dynamo.reset()
     backend = make_backend("compile", "cpu")
