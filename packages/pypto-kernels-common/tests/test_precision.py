@@ -91,6 +91,27 @@ def test_suite_loads_runs_goldens_and_compares(pkg):
         precision.compare(case, {"y": want["y"] + 1}, want)
 
 
+def test_named_inputs_equal_the_full_set_and_stop_after_the_last_named(pkg, monkeypatch):
+    suite = precision.PrecisionSuite(pkg, {"gather": _gather})
+    (case,) = suite.load_cases()
+    full = precision.make_inputs(case, reduced=True)
+    drawn = []
+    real_randint = torch.randint
+    monkeypatch.setattr(
+        torch, "randint", lambda *a, **k: drawn.append("ids") or real_randint(*a, **k)
+    )
+    only_x = precision.make_inputs(case, reduced=True, names=["x"])
+    assert list(only_x) == ["x"]
+    assert torch.equal(only_x["x"], full["x"])
+    assert drawn == []  # ids come after x: not drawn
+    some = precision.make_inputs(case, reduced=True, names={"ids", "scale"})
+    assert list(some) == ["ids", "scale"]  # the case's order, x drawn but not returned
+    assert torch.equal(some["ids"], full["ids"])
+    assert some["scale"] == 2.0
+    with pytest.raises(KeyError, match=r"gather.decode: no inputs named \['w'\]"):
+        precision.make_inputs(case, names=["x", "w"])
+
+
 def test_a_case_without_a_runner_is_named(pkg):
     with pytest.raises(ValueError, match=r"no runner for ops \['gather'\]"):
         precision.PrecisionSuite(pkg, {}).load_cases()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pypto_kernels_common import precision
 from pypto_kernels_common.precision import make_inputs
@@ -20,16 +21,23 @@ def test_cases_follow_the_one_schema():
     assert any("llada2" in c.id for c in cases)
 
 
-@pytest.mark.exclusive(reason="builds every case's full inputs in this process: 6.8 GB at the peak")
 def test_routing_gives_distinct_ids_per_token():
+    """Each case's router logits (drawn as the full inputs draw them: the same values the
+    kernel test routes) give distinct expert ids per token; the experts' weights, drawn
+    after them, are not built."""
     for case in suite.load_cases():
-        inputs = make_inputs(case, reduced=True)
+        inputs = make_inputs(case, reduced=True, names=["router_logits", "top_k"])
         ids, _ = suite.route(inputs["router_logits"], inputs["top_k"])
         assert all(len(set(row)) == len(row) for row in ids.tolist()), case.id
+        if "prefill" in case.id:
+            # The expert-major kernel's case: every expert has rows, and not as many each.
+            counts = torch.bincount(ids.flatten(), minlength=inputs["router_logits"].shape[1])
+            assert int(counts.min()) > 0, (case.id, counts)
+            assert int(counts.min()) < int(counts.max()), (case.id, counts)
 
 
 @pytest.mark.slow
-@pytest.mark.exclusive(reason="the case's child holds up to 11 GB (LLaDA2-mini prefill s512)")
+@pytest.mark.exclusive(reason="the case's child holds up to 3.9 GB (MiniMax-M2 decode)")
 @pytest.mark.parametrize("case", suite.load_cases(), ids=lambda c: c.id)
 def test_kernel_matches_golden(case):
     """The case in its own child process (:mod:`pypto_kernels_common.precision_child`; its

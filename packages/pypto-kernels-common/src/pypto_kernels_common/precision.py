@@ -10,7 +10,7 @@ to run each op with a :class:`PrecisionSuite`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -90,11 +90,27 @@ def cases_from_document(doc: Mapping[str, Any]) -> list[Case]:
     ]
 
 
-def make_inputs(case: Case, *, reduced: bool = False) -> dict[str, Any]:
-    """Deterministic inputs for a case (fresh generator seeded by the case)."""
+def make_inputs(
+    case: Case, *, reduced: bool = False, names: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Deterministic inputs for a case (fresh generator seeded by the case).
+
+    ``names``: only these inputs, each equal to its value in the full set. The inputs
+    before the last named one are still drawn (the generator's stream fixes every value),
+    the ones after it are not: a check of the routing logits need not build 256 experts.
+    """
     gen = torch.Generator().manual_seed(case.seed)
+    specs = case.input_specs(reduced=reduced)
+    if names is not None:
+        unknown = sorted(set(names) - set(specs))
+        if unknown:
+            raise KeyError(f"{case.id}: no inputs named {unknown}; it has {sorted(specs)}")
     out: dict[str, Any] = {}
-    for name, spec in case.input_specs(reduced=reduced).items():
+    left = set(specs if names is None else names)
+    for name, spec in specs.items():
+        if not left:
+            break
+        left.discard(name)
         if "value" in spec:
             out[name] = spec["value"]
             continue
@@ -110,7 +126,7 @@ def make_inputs(case: Case, *, reduced: bool = False) -> dict[str, Any]:
         else:
             raise ValueError(f"{case.id}: unknown init {init!r}")
         out[name] = t.to(DTYPES[spec["dtype"]])
-    return out
+    return out if names is None else {n: out[n] for n in specs if n in names}
 
 
 def compare(

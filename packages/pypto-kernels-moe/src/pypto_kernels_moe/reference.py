@@ -2,7 +2,11 @@
 
 Why a gather (``index_select`` + ``bmm``) and not transformers' loop: the reference is
 also the counted fallback inside a captured step, so it must have fixed shapes and no
-host reads, like the kernel. Contributions are added per token in ascending expert id,
+host reads, like the kernel. The gather copies one expert slice per routed (token, slot)
+row, so an eager call with many rows gathers a chunk of rows at a time
+(:data:`MAX_GATHER_BYTES`); rows are independent, so chunking changes fp32 rounding at
+most (bmm's blocking follows its batch size).
+Contributions are added per token in ascending expert id,
 in the hidden dtype, after ``(y * weight).to(dtype)``: the order and rounding of
 transformers' ``index_add_`` loop, so greedy tokens match eager generation.
 """
@@ -13,19 +17,30 @@ from typing import NamedTuple
 
 import torch
 
+from pypto_kernels_common import compiling
+
 __all__ = [
     "ACTIVATION_NAMES",
+    "MAX_GATHER_BYTES",
     "ExpertMajorGrouping",
     "activate",
     "ascending_slots",
     "combine",
     "expert_major_grouping",
     "expert_major_reference",
+    "gather_chunk",
     "grouped_gemm_reference",
 ]
 
 #: What the kernel computes; the same names as :data:`.kernels.ACTIVATIONS`.
 ACTIVATION_NAMES = ("silu", "gelu_tanh", "swigluoai")
+
+#: The most bytes of gathered expert slices the reference holds at once. Why: unchunked,
+#: a 512-token top-8 prefill of MiniMax-M2 (gate_up and down slices 27 MiB per row at
+#: bf16) would gather 4096 rows, 108 GiB; the precision suite's fp32 golden of the
+#: LLaDA2-mini prefill case held 4 GiB of gate_up slices at once. A decode step's rows fit
+#: in one chunk, and a traced call is never chunked (:func:`gather_chunk`).
+MAX_GATHER_BYTES = 256 * 2**20
 
 
 def activate(h: torch.Tensor, act: str, alpha: float, limit: float) -> torch.Tensor:
@@ -60,6 +75,21 @@ def ascending_slots(
     return ids, weights
 
 
+def gather_chunk(
+    rows: int | torch.SymInt, gate_up: torch.Tensor, down: torch.Tensor, max_bytes: int
+) -> int | None:
+    """Rows per gather so one chunk's gate_up and down slices fit ``max_bytes``; None:
+    gather every row at once (they fit, or the call is being traced: a captured step
+    keeps one gather, whatever its token count). At least one row per chunk."""
+    if compiling() or not isinstance(rows, int):
+        return None
+    per_row = (gate_up[0].numel() * gate_up.element_size()) + (
+        down[0].numel() * down.element_size()
+    )
+    chunk = max(1, max_bytes // max(1, per_row))
+    return None if rows <= chunk else chunk
+
+
 def grouped_gemm_reference(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
@@ -69,20 +99,31 @@ def grouped_gemm_reference(
     act: str = "silu",
     alpha: float = 1.702,
     limit: float = 7.0,
+    max_gather_bytes: int = MAX_GATHER_BYTES,
 ) -> torch.Tensor:
     """``out[t] = sum_j (w[t,j] * down[e] @ act(gate_up[e] @ x[t])).to(dtype)``, e = ids[t,j].
 
     ``hidden_states`` [T, H]; ``top_k_index``/``top_k_weights`` [T, k]; ``gate_up``
-    [E, 2I, H] and ``down`` [E, H, I] (transformers' fused experts layout).
+    [E, 2I, H] and ``down`` [E, H, I] (transformers' fused experts layout). At most
+    ``max_gather_bytes`` of gathered expert slices are held at once (:func:`gather_chunk`).
     """
     t, h = hidden_states.shape
     k = top_k_index.shape[-1]
     ids, weights = ascending_slots(top_k_index, top_k_weights)
     flat = ids.reshape(-1)
     x = hidden_states.unsqueeze(1).expand(t, k, h).reshape(t * k, h)
-    up = torch.bmm(gate_up.index_select(0, flat), x.unsqueeze(-1)).squeeze(-1)
-    a = activate(up, act, alpha, limit)
-    y = torch.bmm(down.index_select(0, flat), a.unsqueeze(-1)).squeeze(-1)
+
+    def rows(lo: int, hi: int | None) -> torch.Tensor:
+        sel = flat[lo:hi]
+        up = torch.bmm(gate_up.index_select(0, sel), x[lo:hi].unsqueeze(-1)).squeeze(-1)
+        a = activate(up, act, alpha, limit)
+        return torch.bmm(down.index_select(0, sel), a.unsqueeze(-1)).squeeze(-1)
+
+    chunk = gather_chunk(t * k, gate_up, down, max_gather_bytes)
+    if chunk is None:
+        y = rows(0, None)
+    else:
+        y = torch.cat([rows(lo, lo + chunk) for lo in range(0, t * k, chunk)])
     contrib = (y * weights.reshape(-1, 1)).to(hidden_states.dtype).view(t, k, h)
     acc = contrib[:, 0]
     for j in range(1, k):
