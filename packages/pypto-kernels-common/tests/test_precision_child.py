@@ -190,7 +190,7 @@ def test_garbage_on_stdout_is_not_a_row(tmp_path):
 
 
 def test_a_marked_row_of_the_wrong_shape_is_refused(tmp_path):
-    script = "import json; print(json.dumps({'precision_child': 1, 'id': 'x', 'ok': True}))"
+    script = "import json; print(json.dumps({'precision_child': 2, 'id': 'x', 'ok': True}))"
     with pytest.raises(PrecisionChildError, match=r"missing fields \['calls'"):
         run_child([sys.executable, "-c", script], timeout_s=60, expected_ids=["x"])
 
@@ -198,12 +198,18 @@ def test_a_marked_row_of_the_wrong_shape_is_refused(tmp_path):
 def test_rows_are_checked_field_by_field():
     good = {name: None for name in precision_child.ROW_FIELDS}
     good.update(
-        precision_child=1, id="a", op="o", ok=True, fallback_reasons={}, outputs={}, moved={}
+        precision_child=2, id="a", op="o", ok=True, fallback_reasons={}, outputs={}, moved={}
     )
-    good.update(leftover_outputs=[], pid=7, seconds=0.1)
+    good.update(leftover_outputs=[], pid=7, seconds=0.1, peak_mib=812.5)
     line = json.dumps(good)
     assert parse_rows(f'noise\n{line}\n{{"other": 1}}\n') == [good]
-    for field, bad in [("ok", "yes"), ("pid", True), ("calls", []), ("precision_child", 2)]:
+    for field, bad in [
+        ("ok", "yes"),
+        ("pid", True),
+        ("calls", []),
+        ("precision_child", 1),
+        ("peak_mib", "812"),
+    ]:
         with pytest.raises(PrecisionChildError, match=field):
             parse_rows(json.dumps({**good, field: bad}))
     with pytest.raises(PrecisionChildError, match=r"unknown fields \['extra'\]"):

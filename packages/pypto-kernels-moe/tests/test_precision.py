@@ -36,6 +36,13 @@ def test_routing_gives_distinct_ids_per_token():
             assert int(counts.min()) < int(counts.max()), (case.id, counts)
 
 
+#: The most one case's child may hold (MiB). Why: the suite's budget is 8 GB for the whole
+#: process tree, and beside the child the two workers and pytest hold ~3.6 GB; the largest
+#: case (MiniMax-M2 decode) holds ~3.8 GB. A case over it is a memory regression (a
+#: reference that gathers again, more experts in a CPU path): shrink it, not the budget.
+CHILD_BUDGET_MIB = 4096
+
+
 @pytest.mark.slow
 @pytest.mark.exclusive(reason="the case's child holds up to 3.9 GB (MiniMax-M2 decode)")
 @pytest.mark.parametrize("case", suite.load_cases(), ids=lambda c: c.id)
@@ -47,3 +54,5 @@ def test_kernel_matches_golden(case):
     row = run_cases_in_child("pypto_kernels_moe.precision", [case.id], timeout_s=900)[case.id]
     assert row["ok"], row["error"]
     assert row["calls"]["pypto"] == 1, row
+    assert row["peak_mib"] is not None
+    assert row["peak_mib"] <= CHILD_BUDGET_MIB, (case.id, row["peak_mib"])

@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 #: The key every row carries (value :data:`ROW_VERSION`); lines without it are not rows.
 ROW_MARKER = "precision_child"
-ROW_VERSION = 1
+ROW_VERSION = 2  # 2: peak_mib
 #: Each row's fields and the types each may hold (``type(None)``: null allowed).
 ROW_FIELDS: dict[str, tuple[type, ...]] = {
     ROW_MARKER: (int,),
@@ -85,6 +85,11 @@ ROW_FIELDS: dict[str, tuple[type, ...]] = {
     "leftover_outputs": (list,),
     "pid": (int,),
     "seconds": (float, int),
+    # This child's resident high-water mark (MiB) when the row was written: what the case
+    # needed, or an earlier case of the same child if that needed more. The parent cannot
+    # see it per child (its RUSAGE_CHILDREN peak is the largest child so far), and a test
+    # can hold a case to a memory budget with it. None where the platform does not say.
+    "peak_mib": (float, int, type(None)),
 }
 #: The pid of the process that started the child (set by :func:`run_child`): the child
 #: ends, with everything in its process group, once that process is no longer its parent,
@@ -154,6 +159,16 @@ def _leftover_outputs() -> list[str]:
     return sorted(n for n in sim.run_output_names() if tag in n)
 
 
+def _peak_mib() -> float | None:
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
 def run_case(suite: Any, package: Any, case: Any, *, reduced: bool) -> dict[str, Any]:
     """Run one case in this process (the child's work) and return its row.
 
@@ -181,6 +196,7 @@ def run_case(suite: Any, package: Any, case: Any, *, reduced: bool) -> dict[str,
         "leftover_outputs": [],
         "pid": os.getpid(),
         "seconds": 0.0,
+        "peak_mib": None,
     }
     on = package is not None and case.op in package.ops
     if package is not None:
@@ -216,6 +232,7 @@ def run_case(suite: Any, package: Any, case: Any, *, reduced: bool) -> dict[str,
     finally:
         row["leftover_outputs"] = _leftover_outputs()
         row["seconds"] = round(time.monotonic() - start, 3)
+        row["peak_mib"] = _peak_mib()
     return row
 
 
